@@ -1,0 +1,54 @@
+"""The wire contract of a jetfleet: structs, subjects, streams, block hashing.
+
+Nothing here does I/O or imports a transport client.
+"""
+
+from schemas.codec import WireDecodeError, decode, encode, to_builtins, to_json
+from schemas.control import ControlReply, ControlRequest, DeadLetter
+from schemas.discovery import ModelCard, WorkerRegistration, WorkerRole, WorkerStatus
+from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from schemas.metrics import RequestObservation, WorkerLoad
+from schemas.requests import (
+    CancelRequested,
+    Request,
+    RouteCandidate,
+    RouteDecision,
+    SamplingParams,
+)
+from schemas.scaling import ScalingDecided, ScalingDecision, ScalingStatus
+from schemas.subjects import DEFAULT_PREFIX, Subjects, model_token
+from schemas.tokens import TokenChunk, Usage
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "CancelRequested",
+    "ControlReply",
+    "ControlRequest",
+    "DeadLetter",
+    "KvEventBatch",
+    "ModelCard",
+    "Request",
+    "RequestObservation",
+    "RouteCandidate",
+    "RouteDecision",
+    "SamplingParams",
+    "ScalingDecided",
+    "ScalingDecision",
+    "ScalingStatus",
+    "Subjects",
+    "TokenChunk",
+    "Usage",
+    "WireDecodeError",
+    "WorkerLoad",
+    "WorkerRegistration",
+    "WorkerRole",
+    "WorkerStatus",
+    "decode",
+    "encode",
+    "model_token",
+    "to_builtins",
+    "to_json",
+]

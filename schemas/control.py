@@ -1,0 +1,45 @@
+"""Control plane: core-NATS request/reply on fleet.ctl.{worker}.{op}, and dead letters."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+ControlOp = Literal[
+    "health", "sleep", "wake", "clear_kv", "drain", "lora_load", "lora_unload", "lora_list"
+]
+CONTROL_OPS: tuple[str, ...] = (
+    "health",
+    "sleep",
+    "wake",
+    "clear_kv",
+    "drain",
+    "lora_load",
+    "lora_unload",
+    "lora_list",
+)
+
+
+class ControlRequest(msgspec.Struct, frozen=True, omit_defaults=True):
+    args: dict[str, str] = {}
+    v: int = 1
+
+
+class ControlReply(msgspec.Struct, frozen=True, omit_defaults=True):
+    ok: bool
+    detail: str = ""
+    data: dict[str, object] = {}
+    v: int = 1
+
+
+class DeadLetter(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A message a consumer could not decode or process, moved aside with the reason."""
+
+    component: str  # who gave up on it
+    subject: str  # where it was received
+    reason: str
+    ts_s: float
+    payload: bytes = b""
+    headers: dict[str, str] = {}
+    v: int = 1

@@ -1,0 +1,54 @@
+"""Discovery: JetStream KV buckets ``fleet_workers`` and ``fleet_models``.
+
+A worker puts its ``WorkerRegistration`` under its worker id every ``heartbeat_interval_s``; a
+reader treats an entry older than ``ttl_s`` as gone (the bucket's own max age also removes it), so
+a worker that stops heartbeating leaves routing within a few seconds. A clean shutdown first
+publishes ``status="draining"`` (routers stop sending), then deletes the key.
+
+Workers publish the ``ModelCard`` of what they serve under the model's subject token; frontends
+load the tokenizer and chat template from it, so a frontend needs no model files of its own.
+Large files (``tokenizer.json``) travel in the object store ``fleet_model_files``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+WorkerRole = Literal["agg", "prefill", "decode"]
+WorkerStatus = Literal["ready", "draining"]
+
+
+class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
+    worker_id: str
+    model: str  # served model name
+    role: WorkerRole
+    engine: str  # "mocker" | "vllm"
+    max_num_seqs: int  # concurrent sequences the engine batches
+    num_gpu_blocks: int  # KV blocks in the engine's pool
+    block_size: int  # tokens per KV block
+    status: WorkerStatus = "ready"
+    heartbeat_at_s: float = 0.0  # wall clock of this heartbeat
+    heartbeat_interval_s: float = 1.0
+    ttl_s: float = 5.0  # readers drop the worker when heartbeat_at_s is older than this
+    started_at_s: float = 0.0
+    host: str = ""
+    pid: int = 0
+    v: int = 1
+
+
+class ModelCard(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a frontend needs to serve a model: template, limits, and where the tokenizer is."""
+
+    name: str  # served model name, as clients send it in "model"
+    context_length: int  # max prompt + completion tokens
+    block_size: int  # KV block size used for prefix hashing
+    tokenizer_object: str  # object name in the fleet_model_files store (tokenizer.json)
+    tokenizer_sha256: str
+    chat_template: str | None = None  # jinja2 source
+    bos_token: str | None = None
+    eos_token: str | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    created_at_s: float = 0.0
+    v: int = 1

@@ -1,0 +1,40 @@
+"""KV cache block events: stream ``FLEET_KV``, subject fleet.kv.{model}.{worker}.
+
+Modeled on vLLM's ``kv_events.py``: a batch envelope around a tagged union of
+``BlockStored | BlockRemoved | AllBlocksCleared``. ``event_id`` increases by one per batch per
+worker, so a consumer can detect a gap and rebuild that worker's entries. ``block_hashes`` are the
+engine's own hashes (opaque for vLLM); the indexer recomputes the fleet's chained hashes from
+``token_ids`` (see ``schemas.hashing``) and keeps the mapping engine hash -> fleet hash.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class BlockStored(msgspec.Struct, frozen=True, tag="stored", omit_defaults=True):
+    block_hashes: tuple[int, ...]  # engine hashes of the newly filled blocks, in chain order
+    parent_block_hash: int | None  # engine hash of the block before the first one (None: root)
+    token_ids: tuple[int, ...]  # len == block_size * len(block_hashes)
+    block_size: int
+    lora_name: str | None = None
+
+
+class BlockRemoved(msgspec.Struct, frozen=True, tag="removed", omit_defaults=True):
+    block_hashes: tuple[int, ...]  # engine hashes evicted from the cache
+
+
+class AllBlocksCleared(msgspec.Struct, frozen=True, tag="cleared", omit_defaults=True):
+    pass
+
+
+KvCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KvEventBatch(msgspec.Struct, frozen=True, omit_defaults=True):
+    worker_id: str
+    model: str
+    event_id: int  # per worker, +1 per batch, starting at 1
+    ts_s: float
+    events: tuple[KvCacheEvent, ...]
+    v: int = 1

@@ -1,0 +1,52 @@
+"""Metrics: stream ``FLEET_METRICS``.
+
+- ``WorkerLoad`` on fleet.metrics.{model}.{role}.{worker}: a worker's periodic report of its batch
+  and cache (every ``load_interval_s``, and at once when it changes a lot).
+- ``RequestObservation`` on fleet.obs.{model}: one per finished request, from the frontend that
+  served it; the planner sizes pools from these and replay explains routing with them.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.requests import RouteDecision
+
+
+class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):
+    worker_id: str
+    model: str
+    role: str
+    ts_s: float  # wall clock of the report
+    num_running: int  # sequences in the running batch
+    num_waiting: int  # admitted, not yet scheduled (incl. preempted)
+    max_num_seqs: int
+    kv_usage: float  # fraction of KV blocks in use by running sequences, 0..1
+    num_gpu_blocks: int
+    active_decode_blocks: int = 0  # blocks held by running sequences
+    active_prefill_tokens: int = 0  # prompt tokens still to prefill
+    num_preempted_total: int = 0
+    prefix_cache_hit_rate: float = 0.0  # cached / total prompt tokens since start
+    step_ms: float = 0.0  # last engine step duration (simulated for the mocker)
+    status: str = "ready"
+    v: int = 1
+
+
+class RequestObservation(msgspec.Struct, frozen=True, omit_defaults=True):
+    request_id: str
+    model: str
+    status: str  # "ok" | "error" | "cancelled" | "shed"
+    ts_s: float  # wall clock at the end
+    worker_id: str = ""
+    isl_tokens: int = 0  # prompt tokens as sent
+    osl_tokens: int = 0  # generated tokens
+    cached_tokens: int = 0
+    ttft_s: float = 0.0  # accept -> first token at the frontend
+    itl_s: float = 0.0  # mean inter-token latency over the stream
+    e2e_s: float = 0.0  # accept -> last token
+    attempts: int = 1
+    finish_reason: str | None = None
+    error: str | None = None
+    route: RouteDecision | None = None
+    frontend_id: str = ""
+    v: int = 1

@@ -1,0 +1,174 @@
+"""Streams, consumers and buckets of a fleet, declared once as typed config.
+
+Real Python types here (``timedelta``, ``Literal``); ``infra.jetstream`` converts them to the
+JetStream API at the edge and applies them idempotently (``jetfleet infra init``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from schemas.subjects import Subjects, model_token
+
+Storage = Literal["file", "memory"]
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+    max_age: timedelta  # messages older than this are dropped (limits retention)
+    storage: Storage = "file"
+    max_bytes: int = -1  # -1: unlimited
+    duplicate_window: timedelta = timedelta(minutes=2)  # Nats-Msg-Id dedupe window
+    replicas: int = 1  # 3 in a clustered deployment
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    """A JetStream KV bucket."""
+
+    name: str
+    description: str
+    ttl: timedelta | None = None  # entries older than this vanish
+    history: int = 1
+    storage: Storage = "file"
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class ObjectStoreSpec:
+    name: str
+    description: str
+    storage: Storage = "file"
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer (pools, router service, indexer, planner)."""
+
+    durable: str
+    filter_subject: str
+    ack_wait: timedelta = timedelta(seconds=30)
+    max_ack_pending: int = 1024
+    max_deliver: int = 5
+    deliver_policy: Literal["all", "new"] = "new"
+
+
+@dataclass(frozen=True)
+class FleetTopology:
+    streams: tuple[StreamSpec, ...]
+    buckets: tuple[BucketSpec, ...]
+    object_stores: tuple[ObjectStoreSpec, ...]
+    # handy lookups
+    by_name: dict[str, StreamSpec] = field(default_factory=dict)
+
+
+WORKERS_BUCKET = "workers"
+MODELS_BUCKET = "models"
+MODEL_FILES_STORE = "model_files"
+KV_SNAPSHOT_STORE = "kv_snapshots"
+
+
+def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
+    s = subjects
+    p = s.prefix
+    streams = (
+        StreamSpec(
+            name=s.stream_name("REQUESTS"),
+            subjects=(f"{p}.req.>", f"{p}.submit.>"),
+            description="Requests: routed to a worker, to a pool, or submitted unrouted",
+            max_age=timedelta(hours=24),
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=s.stream_name("TOKENS"),
+            subjects=(s.tok_all(),),
+            description="Token chunks per request",
+            max_age=timedelta(hours=1),
+            storage="memory",
+            max_bytes=1 << 30,
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=s.stream_name("KV"),
+            subjects=(s.kv_all(),),
+            description="KV cache block events per worker",
+            max_age=timedelta(hours=24),
+            max_bytes=4 << 30,
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=s.stream_name("METRICS"),
+            subjects=(s.metrics_all(), s.obs_all()),
+            description="Worker load reports and request observations",
+            max_age=timedelta(hours=24),
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=s.stream_name("SCALING"),
+            subjects=(s.scale_all(),),
+            description="Scaling decisions and connector status",
+            max_age=timedelta(days=30),
+            replicas=replicas,
+        ),
+        StreamSpec(
+            name=s.stream_name("DLQ"),
+            subjects=(s.dlq_all(),),
+            description="Dead letters: messages a consumer could not decode or process",
+            max_age=timedelta(days=7),
+            replicas=replicas,
+        ),
+    )
+    buckets = (
+        BucketSpec(
+            name=s.bucket_name(WORKERS_BUCKET),
+            description="Worker registrations (heartbeat; stale entries expire)",
+            ttl=timedelta(seconds=30),
+            storage="memory",
+            replicas=replicas,
+        ),
+        BucketSpec(
+            name=s.bucket_name(MODELS_BUCKET),
+            description="Model cards",
+            replicas=replicas,
+        ),
+    )
+    stores = (
+        ObjectStoreSpec(
+            name=s.bucket_name(MODEL_FILES_STORE),
+            description="Tokenizer files referenced by model cards",
+            replicas=replicas,
+        ),
+        ObjectStoreSpec(
+            name=s.bucket_name(KV_SNAPSHOT_STORE),
+            description="Prefix index snapshots (bound KV replay)",
+            replicas=replicas,
+        ),
+    )
+    return FleetTopology(
+        streams=streams,
+        buckets=buckets,
+        object_stores=stores,
+        by_name={st.name: st for st in streams},
+    )
+
+
+def pool_consumer(subjects: Subjects, model: str, role: str) -> ConsumerSpec:
+    """The shared pull consumer every worker of a pool pulls from."""
+    return ConsumerSpec(
+        durable=f"pool_{model_token(model)}_{role}",
+        filter_subject=subjects.req_pool(model, role),
+        deliver_policy="all",
+    )
+
+
+def router_consumer(subjects: Subjects) -> ConsumerSpec:
+    """The shared pull consumer of the router service (submit subject, all models)."""
+    return ConsumerSpec(
+        durable="router", filter_subject=subjects.submit_all(), deliver_policy="all"
+    )

@@ -1,0 +1,134 @@
+"""Every subject string of the fleet is built here and nowhere else.
+
+Layout (prefix ``fleet`` by default, configurable so several fleets share one NATS)::
+
+    {p}.req.{model}.w.{worker}        Request routed to one worker          FLEET_REQUESTS
+    {p}.req.{model}.pool.{role}       Request any worker of a pool pulls    FLEET_REQUESTS
+    {p}.submit.{model}                Request from a NATS client, unrouted  FLEET_REQUESTS
+    {p}.tok.{request_id}              TokenChunk                            FLEET_TOKENS
+    {p}.kv.{model}.{worker}           KvEventBatch                          FLEET_KV
+    {p}.metrics.{model}.{role}.{worker} WorkerLoad                          FLEET_METRICS
+    {p}.obs.{model}                   RequestObservation                    FLEET_METRICS
+    {p}.scale.{model}.{role}          ScalingDecided                        FLEET_SCALING
+    {p}.scale.status.{model}.{role}   ScalingStatus                         FLEET_SCALING
+    {p}.dlq.{component}               DeadLetter                            FLEET_DLQ
+    {p}.cancel.{request_id}           CancelRequested                       core NATS
+    {p}.ctl.{worker}.{op}             control request/reply                 core NATS
+
+``{model}`` is ``model_token(name)``: the served name with every character outside
+``[A-Za-z0-9_-]`` replaced by ``_`` (so ``org/Model-1.5B`` becomes ``org_Model-1_5B``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_TOKEN_OK = re.compile(r"^[A-Za-z0-9_-]+$")
+
+DEFAULT_PREFIX = "fleet"
+
+
+def model_token(model: str) -> str:
+    """Subject-safe token for a served model name."""
+    if not model:
+        raise ValueError("empty model name")
+    return _UNSAFE.sub("_", model)
+
+
+def _token(value: str, what: str) -> str:
+    if not _TOKEN_OK.match(value):
+        raise ValueError(f"{what} {value!r} is not a subject-safe token")
+    return value
+
+
+@dataclass(frozen=True)
+class Subjects:
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        _token(self.prefix, "subject prefix")
+
+    # requests
+    def req_worker(self, model: str, worker_id: str) -> str:
+        return f"{self.prefix}.req.{model_token(model)}.w.{_token(worker_id, 'worker id')}"
+
+    def req_pool(self, model: str, role: str) -> str:
+        return f"{self.prefix}.req.{model_token(model)}.pool.{_token(role, 'role')}"
+
+    def submit(self, model: str) -> str:
+        return f"{self.prefix}.submit.{model_token(model)}"
+
+    def submit_all(self) -> str:
+        return f"{self.prefix}.submit.*"
+
+    def requests_all(self) -> str:
+        return f"{self.prefix}.req.>"
+
+    # tokens and cancels
+    def tok(self, request_id: str) -> str:
+        return f"{self.prefix}.tok.{_token(request_id, 'request id')}"
+
+    def tok_all(self) -> str:
+        return f"{self.prefix}.tok.>"
+
+    def cancel(self, request_id: str) -> str:
+        return f"{self.prefix}.cancel.{_token(request_id, 'request id')}"
+
+    def cancel_all(self) -> str:
+        return f"{self.prefix}.cancel.*"
+
+    # kv events
+    def kv(self, model: str, worker_id: str) -> str:
+        return f"{self.prefix}.kv.{model_token(model)}.{_token(worker_id, 'worker id')}"
+
+    def kv_all(self) -> str:
+        return f"{self.prefix}.kv.>"
+
+    # metrics
+    def metrics(self, model: str, role: str, worker_id: str) -> str:
+        return (
+            f"{self.prefix}.metrics.{model_token(model)}.{_token(role, 'role')}."
+            f"{_token(worker_id, 'worker id')}"
+        )
+
+    def metrics_all(self) -> str:
+        return f"{self.prefix}.metrics.>"
+
+    def obs(self, model: str) -> str:
+        return f"{self.prefix}.obs.{model_token(model)}"
+
+    def obs_all(self) -> str:
+        return f"{self.prefix}.obs.*"
+
+    # scaling
+    def scale(self, model: str, role: str) -> str:
+        return f"{self.prefix}.scale.{model_token(model)}.{_token(role, 'role')}"
+
+    def scale_status(self, model: str, role: str) -> str:
+        return f"{self.prefix}.scale.status.{model_token(model)}.{_token(role, 'role')}"
+
+    def scale_all(self) -> str:
+        return f"{self.prefix}.scale.>"
+
+    # control and dead letters
+    def ctl(self, worker_id: str, op: str) -> str:
+        return f"{self.prefix}.ctl.{_token(worker_id, 'worker id')}.{_token(op, 'op')}"
+
+    def ctl_worker(self, worker_id: str) -> str:
+        return f"{self.prefix}.ctl.{_token(worker_id, 'worker id')}.*"
+
+    def dlq(self, component: str) -> str:
+        return f"{self.prefix}.dlq.{_token(component, 'component')}"
+
+    def dlq_all(self) -> str:
+        return f"{self.prefix}.dlq.>"
+
+    # names derived from the prefix (streams and buckets are per fleet too)
+    def stream_name(self, base: str) -> str:
+        """``FLEET_REQUESTS`` for prefix ``fleet``; ``TEAM_A_REQUESTS`` for ``team-a``."""
+        return f"{self.prefix.upper().replace('-', '_')}_{base}"
+
+    def bucket_name(self, base: str) -> str:
+        return f"{self.prefix.replace('-', '_')}_{base}"
