@@ -1,0 +1,34 @@
+"""Move a message a consumer cannot decode or process to the dead-letter subject, and go on."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from schemas import DeadLetter, Subjects, encode
+
+log = structlog.get_logger("jetfleet.dlq")
+
+
+async def dead_letter(nc: Any, subjects: Subjects, component: str, msg: Any, reason: str) -> None:
+    """Publish ``msg`` (a nats-py Msg) with ``reason`` to {prefix}.dlq.{component}.
+
+    Never raises: a failure to dead-letter is logged, and the consumer carries on.
+    """
+    headers = {k: str(v) for k, v in (getattr(msg, "headers", None) or {}).items()}
+    letter = DeadLetter(
+        component=component,
+        subject=str(getattr(msg, "subject", "")),
+        reason=reason[:2000],
+        ts_s=time.time(),
+        payload=bytes(getattr(msg, "data", b""))[: 1 << 20],
+        headers=headers,
+    )
+    try:
+        await nc.publish(subjects.dlq(component), encode(letter))
+    except Exception as exc:
+        log.error("dead_letter_failed", component=component, reason=reason, error=str(exc))
+    else:
+        log.warning("dead_lettered", component=component, subject=letter.subject, reason=reason)

@@ -1,0 +1,192 @@
+"""CLI tools: ``infra init``, ``publish`` (a NATS-only client) and ``status``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from typing import Any
+
+from infra.jetstream import connect_nats, ensure_topology
+from schemas import (
+    ModelCard,
+    Request,
+    SamplingParams,
+    Subjects,
+    TokenChunk,
+    WorkerLoad,
+    WorkerRegistration,
+    decode,
+    encode,
+    to_builtins,
+)
+from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
+
+
+async def infra_init(nats_url: str, subjects: Subjects, replicas: int, quiet: bool = False) -> int:
+    nc = await connect_nats(nats_url, name="jetfleet-infra-init")
+    try:
+        report = await ensure_topology(nc.jetstream(), subjects, replicas=replicas)
+    finally:
+        await nc.close()
+    if not quiet:
+        print(
+            json.dumps(
+                to_builtins(report) if not isinstance(report, dict) else report,
+                default=str,
+                indent=2,
+            )
+        )
+    return 0
+
+
+async def load_cards(js: Any, subjects: Subjects) -> dict[str, ModelCard]:
+    kv = await js.key_value(subjects.bucket_name(MODELS_BUCKET))
+    cards: dict[str, ModelCard] = {}
+    try:
+        keys = await kv.keys()
+    except Exception:  # no keys yet
+        return cards
+    for key in keys:
+        entry = await kv.get(key)
+        if entry.value:
+            card = decode(entry.value, ModelCard)
+            cards[card.name] = card
+    return cards
+
+
+async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
+    from router.tokenization import ModelTokenizer
+
+    nc = await connect_nats(args.nats, name="jetfleet-publish")
+    js = nc.jetstream()
+    try:
+        cards = await load_cards(js, subjects)
+        if not cards:
+            print("no model is registered in this fleet", file=sys.stderr)
+            return 1
+        name = args.model or (next(iter(cards)) if len(cards) == 1 else None)
+        if name not in cards:
+            print(f"choose --model from: {', '.join(sorted(cards))}", file=sys.stderr)
+            return 1
+        card = cards[name]
+        store = await js.object_store(subjects.bucket_name(MODEL_FILES_STORE))
+        tok_json = (await store.get(card.tokenizer_object)).data
+        tok = ModelTokenizer(tok_json, card.chat_template, card.bos_token, card.eos_token)
+        text = (
+            args.prompt
+            if args.raw
+            else tok.apply_chat_template(
+                [{"role": "user", "content": args.prompt}], add_generation_prompt=True
+            )
+        )
+        request = Request(
+            request_id=f"pub-{uuid.uuid4().hex}",
+            model=name,
+            token_ids=tuple(tok.encode(text)),
+            sampling=SamplingParams(max_tokens=args.max_tokens, seed=args.seed),
+            created_at_s=time.time(),
+        )
+        sub = await nc.subscribe(subjects.tok(request.request_id))  # subscribe first
+        await js.publish(
+            subjects.submit(name),
+            encode(request),
+            headers={"Nats-Msg-Id": f"{request.request_id}:0"},
+        )
+        while True:
+            chunk = decode((await sub.next_msg(timeout=120)).data, TokenChunk)
+            if args.json:
+                print(json.dumps(to_builtins(chunk)), flush=True)
+            else:
+                print(chunk.text, end="", flush=True)
+            if chunk.finish_reason is not None:
+                if not args.json:
+                    print(
+                        f"\n[finish_reason={chunk.finish_reason}"
+                        f"{' error=' + chunk.error if chunk.error else ''}]"
+                    )
+                return 0 if chunk.finish_reason != "error" else 1
+    finally:
+        await nc.close()
+
+
+async def fleet_status(js: Any, subjects: Subjects) -> dict[str, Any]:
+    kv = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
+    workers: list[dict[str, Any]] = []
+    try:
+        keys = await kv.keys()
+    except Exception:
+        keys = []
+    now = time.time()
+    for key in keys:
+        entry = await kv.get(key)
+        if not entry.value:
+            continue
+        reg = decode(entry.value, WorkerRegistration)
+        age = now - reg.heartbeat_at_s
+        row: dict[str, Any] = {
+            "worker_id": reg.worker_id,
+            "model": reg.model,
+            "role": reg.role,
+            "engine": reg.engine,
+            "status": reg.status if age <= reg.ttl_s else "expired",
+            "heartbeat_age_s": round(age, 2),
+            "max_num_seqs": reg.max_num_seqs,
+            "num_gpu_blocks": reg.num_gpu_blocks,
+            "block_size": reg.block_size,
+        }
+        try:
+            raw = await js.get_last_msg(
+                subjects.stream_name("METRICS"),
+                subjects.metrics(reg.model, reg.role, reg.worker_id),
+            )
+            load = decode(raw.data, WorkerLoad)
+            row.update(
+                num_running=load.num_running,
+                num_waiting=load.num_waiting,
+                kv_usage=round(load.kv_usage, 4),
+                prefix_cache_hit_rate=round(load.prefix_cache_hit_rate, 4),
+                load_age_s=round(now - load.ts_s, 2),
+            )
+        except Exception:
+            row.update(num_running=None, num_waiting=None, kv_usage=None)
+        workers.append(row)
+    cards = await load_cards(js, subjects)
+    models = [
+        {
+            "name": c.name,
+            "context_length": c.context_length,
+            "block_size": c.block_size,
+            "workers": sum(1 for w in workers if w["model"] == c.name and w["status"] != "expired"),
+        }
+        for c in cards.values()
+    ]
+    return {"models": models, "workers": sorted(workers, key=lambda w: w["worker_id"])}
+
+
+async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
+    nc = await connect_nats(nats_url, name="jetfleet-status")
+    try:
+        report = await fleet_status(nc.jetstream(), subjects)
+    finally:
+        await nc.close()
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for m in report["models"]:
+        print(f"model {m['name']}: {m['workers']} live workers, context {m['context_length']}")
+    print(
+        f"{'WORKER':<14} {'MODEL':<16} {'ROLE':<7} {'STATUS':<9} {'RUN':>4} {'WAIT':>5} "
+        f"{'KV%':>6} {'HB AGE':>7}"
+    )
+    for w in report["workers"]:
+        kv = "-" if w["kv_usage"] is None else f"{100 * w['kv_usage']:.1f}"
+        print(
+            f"{w['worker_id']:<14} {w['model']:<16} {w['role']:<7} {w['status']:<9} "
+            f"{w['num_running'] if w['num_running'] is not None else '-':>4} "
+            f"{w['num_waiting'] if w['num_waiting'] is not None else '-':>5} {kv:>6} "
+            f"{w['heartbeat_age_s']:>6.1f}s"
+        )
+    return 0

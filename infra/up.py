@@ -1,0 +1,117 @@
+"""``jetfleet up`` and ``jetfleet servers``: the local fleet on embedded servers."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from infra.embedded import EmbeddedNats, EmbeddedRedis
+from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
+from schemas import Subjects
+
+log = structlog.get_logger("jetfleet.up")
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+
+
+def _servers(args: argparse.Namespace) -> tuple[EmbeddedNats, EmbeddedRedis]:
+    state = Path(args.state_dir).resolve()
+    nats = EmbeddedNats(state / "nats", port=args.nats_port)
+    nats.start()
+    redis = EmbeddedRedis(state / "redis", port=args.redis_port)
+    try:
+        redis.start()
+    except Exception:
+        nats.stop()
+        raise
+    return nats, redis
+
+
+def run_servers(args: argparse.Namespace) -> int:
+    nats, redis = _servers(args)
+    print(f"NATS  {nats.url}\nRedis {redis.url}\n(Ctrl-C stops them)", flush=True)
+    try:
+        _wait_for_signal()
+    finally:
+        redis.stop()
+        nats.stop()
+    return 0
+
+
+def _passthrough(args: argparse.Namespace, names: list[str]) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        value: Any = getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
+    import uvloop
+
+    from infra.tools import infra_init
+
+    nats, redis = _servers(args)
+    group = ProcessGroup(Path(args.state_dir).resolve() / "logs")
+    common = [
+        "--nats",
+        nats.url,
+        "--subject-prefix",
+        subjects.prefix,
+        "--log-level",
+        args.log_level,
+    ]
+    try:
+        uvloop.run(infra_init(nats.url, subjects, 1, quiet=True))
+        engine = _passthrough(
+            args,
+            [
+                "model",
+                "served_model_name",
+                "engine",
+                "speedup",
+                "num_gpu_blocks",
+                "block_size",
+                "max_num_seqs",
+                "max_num_batched_tokens",
+                "no_prefix_caching",
+            ],
+        )
+        for i in range(args.workers):
+            group.start(f"worker-{i}", cli_command("worker", *common, *engine))
+        routing = _passthrough(args, ["router", "stall_timeout", "max_waiting_per_worker"])
+        group.start(
+            "frontend",
+            cli_command(
+                "frontend", *common, *routing, "--host", args.host, "--port", str(args.port)
+            ),
+        )
+        wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
+        print(
+            f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "
+            f"({args.workers} {args.engine} workers, router {args.router})\n"
+            f"NATS {nats.url}  Redis {redis.url}  logs {group.log_dir}\n(Ctrl-C stops the fleet)",
+            flush=True,
+        )
+        _wait_for_signal()
+        print("stopping: draining workers and frontend...", flush=True)
+    finally:
+        group.stop_all()
+        redis.stop()
+        nats.stop()
+    return 0

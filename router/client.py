@@ -1,0 +1,360 @@
+"""The routing library: route a tokenized request, publish it, follow its token stream.
+
+Used by the HTTP frontend (in-process, no extra hop), the router service and ``jetfleet publish``.
+
+Life of a request (``Generation``):
+1. subscribe to fleet.tok.{request_id} (core NATS: it sees each chunk ahead of any consumer);
+2. choose a worker (policy) and publish the ``Request`` with ``Nats-Msg-Id = {id}:{attempt}``;
+3. yield chunks in ``(attempt, index)`` order, dropping stale and duplicate ones; a gap is filled
+   from the ``FLEET_TOKENS`` stream;
+4. if the worker leaves discovery or goes silent past ``stall_timeout_s``, migrate: re-route to
+   another worker with the tokens generated so far appended to the prompt (attempt + 1), so the
+   caller sees one uninterrupted stream; after ``max_attempts`` it ends with an error chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from nats.js import api
+
+from router.fleet_state import FleetState, WorkerView
+from router.policies import RouteQuery, RoutingPolicy
+from schemas import (
+    CancelRequested,
+    Request,
+    RouteDecision,
+    TokenChunk,
+    WireDecodeError,
+    decode,
+    encode,
+)
+from schemas.subjects import Subjects
+
+log = structlog.get_logger("jetfleet.router")
+
+
+class NoWorkersError(RuntimeError):
+    """No live worker serves the model (or every one was tried)."""
+
+
+class OverloadedError(RuntimeError):
+    """Every worker is saturated past the configured bound: shed, retry later."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    role: str = "agg"
+    stall_timeout_s: float = 60.0  # no chunk for this long from a live worker: migrate
+    max_attempts: int = 3  # first try + migrations
+    max_waiting_per_worker: int = 64  # shed when every worker holds capacity + this
+    wait_for_worker_s: float = 0.0  # with no worker at all, wait this long before failing
+
+
+@dataclass(frozen=True, slots=True)
+class _Migrate:
+    reason: str
+
+
+class Generation:
+    """One request in flight; iterate it for its ``TokenChunk``s."""
+
+    def __init__(self, client: FleetClient, request: Request, decision: RouteDecision | None):
+        self.client = client
+        self.request = request  # the current attempt
+        self.prompt_len = len(request.token_ids)
+        self.decision = decision
+        self.worker_id = decision.worker_id if decision else ""
+        self.tried: list[str] = [self.worker_id] if self.worker_id else []
+        self.generated: list[int] = []
+        self.cached_tokens = 0
+        self.next_index = 0
+        self.last_activity = time.monotonic()
+        self.queue: asyncio.Queue[TokenChunk | _Migrate] = asyncio.Queue()
+        self.sub: Any = None
+        self.done = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def attempts(self) -> int:
+        return self.request.attempt + 1
+
+    async def _on_msg(self, msg: Any) -> None:
+        try:
+            self.queue.put_nowait(decode(msg.data, TokenChunk))
+        except WireDecodeError as exc:
+            log.warning("bad_token_chunk", request_id=self.request_id, error=str(exc))
+
+    def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[TokenChunk]:
+        try:
+            while not self.done:
+                item = await self.queue.get()
+                if isinstance(item, _Migrate):
+                    final = await self.client._migrate(self, item.reason)
+                    if final is not None:
+                        self.done = True
+                        yield final
+                    continue
+                for chunk in await self._accept(item):
+                    self.last_activity = time.monotonic()
+                    if not self.worker_id:
+                        self.worker_id = chunk.worker_id  # pool routing: learn who pulled it
+                    self.generated.extend(chunk.token_ids)
+                    if chunk.usage is not None:
+                        self.cached_tokens = chunk.usage.cached_tokens
+                    if chunk.finish_reason is not None:
+                        self.done = True
+                    yield chunk
+                    if self.done:
+                        break
+        finally:
+            await self.client._release(self)
+
+    async def _accept(self, chunk: TokenChunk) -> list[TokenChunk]:
+        """Chunks to deliver now, in order (fills a gap from the stream if one shows)."""
+        if chunk.attempt != self.request.attempt or chunk.index < self.next_index:
+            return []  # stale attempt or duplicate
+        if chunk.index > self.next_index:
+            missing = await self.client._recover(self, chunk.index)
+            if missing is None:
+                self.queue.put_nowait(_Migrate("lost token chunks"))
+                return []
+            out = [*missing, chunk]
+        else:
+            out = [chunk]
+        self.next_index = out[-1].index + 1
+        return out
+
+    async def cancel(self, reason: str = "client_disconnected") -> None:
+        if self.done:
+            return
+        self.done = True
+        await self.client.nc.publish(
+            self.client.subjects.cancel(self.request_id),
+            encode(CancelRequested(self.request_id, reason)),
+        )
+
+
+class FleetClient:
+    def __init__(
+        self,
+        nc: Any,
+        subjects: Subjects,
+        state: FleetState,
+        policy: RoutingPolicy | None,
+        cfg: ClientConfig | None = None,
+        on_route: Callable[[RouteDecision], None] = lambda _d: None,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = subjects
+        self.state = state
+        self.policy = policy
+        self.cfg = cfg or ClientConfig()
+        self._on_route = on_route
+        self.active: dict[str, Generation] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._watchdog = asyncio.create_task(self._watch(), name="stall-watchdog")
+
+    async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+
+    # ------------------------------------------------------------------ routing
+    def _route(self, request: Request, exclude: list[str]) -> tuple[str, RouteDecision | None]:
+        cands = self.state.candidates(request.model, self.cfg.role, exclude)
+        if self.policy is None:  # pool: any worker of the role pulls
+            if not cands:
+                raise NoWorkersError(f"no live worker serves model {request.model!r}")
+            return self.subjects.req_pool(request.model, self.cfg.role), None
+        if not cands:
+            raise NoWorkersError(f"no live worker serves model {request.model!r}")
+        decision = self.policy.choose(RouteQuery(request.model, len(request.token_ids)), cands)
+        return self.subjects.req_worker(request.model, decision.worker_id), decision
+
+    def check_capacity(self, model: str) -> None:
+        if self.state.saturated(model, self.cfg.role, self.cfg.max_waiting_per_worker):
+            raise OverloadedError(f"every worker serving {model!r} is saturated")
+
+    def _view(self, worker_id: str) -> WorkerView | None:
+        return self.state.workers.get(worker_id)
+
+    async def _publish(self, gen: Generation, subject: str) -> None:
+        req = gen.request
+        await self.js.publish(
+            subject, encode(req), headers={"Nats-Msg-Id": f"{req.request_id}:{req.attempt}"}
+        )
+        gen.last_activity = time.monotonic()
+
+    async def generate(self, request: Request) -> Generation:
+        """Route and publish; raises NoWorkersError / OverloadedError before anything is sent."""
+        await self._wait_for_worker(request.model)
+        self.check_capacity(request.model)
+        subject, decision = self._route(request, [])
+        if decision is not None:
+            request = _with_route(request, decision)
+            self._on_route(decision)
+        gen = Generation(self, request, decision)
+        gen.sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=gen._on_msg)
+        self.active[request.request_id] = gen
+        self._count(gen.worker_id, +1)
+        try:
+            await self._publish(gen, subject)
+        except Exception:
+            await self._release(gen)
+            raise
+        return gen
+
+    async def _wait_for_worker(self, model: str) -> None:
+        deadline = time.monotonic() + self.cfg.wait_for_worker_s
+        # polled: discovery has no per-model event to wait on
+        while not self.state.candidates(model, self.cfg.role):  # noqa: ASYNC110
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.05)
+
+    def _count(self, worker_id: str, delta: int) -> None:
+        view = self._view(worker_id) if worker_id else None
+        if view is not None:
+            view.in_flight = max(view.in_flight + delta, 0)
+
+    async def _release(self, gen: Generation) -> None:
+        if self.active.pop(gen.request_id, None) is None:
+            return
+        self._count(gen.worker_id, -1)
+        if gen.sub is not None:
+            with contextlib.suppress(Exception):
+                await gen.sub.unsubscribe()
+
+    # ------------------------------------------------------------------ migration
+    async def _migrate(self, gen: Generation, reason: str) -> TokenChunk | None:
+        """Re-route ``gen``; returns a final error chunk when it cannot go on."""
+        old = gen.request
+        log.warning(
+            "request_migrating",
+            request_id=old.request_id,
+            worker_id=gen.worker_id,
+            attempt=old.attempt,
+            reason=reason,
+            generated=len(gen.generated),
+        )
+        remaining = old.sampling.max_tokens - (len(gen.generated) - old.num_generated_before)
+        if old.attempt + 1 >= self.cfg.max_attempts:
+            return _error_chunk(
+                old, gen.next_index, f"gave up after {old.attempt + 1} attempts: {reason}"
+            )
+        if remaining <= 0:
+            return _error_chunk(old, gen.next_index, "worker lost after the last token", "length")
+        with contextlib.suppress(Exception):  # tell a stalled (not dead) worker to stop
+            await self.nc.publish(
+                self.subjects.cancel(old.request_id),
+                encode(CancelRequested(old.request_id, "migrated")),
+            )
+        self._count(gen.worker_id, -1)
+        new_req = Request(
+            request_id=old.request_id,
+            model=old.model,
+            token_ids=tuple(gen.request.token_ids[: gen.prompt_len]) + tuple(gen.generated),
+            sampling=_with_max_tokens(old.sampling, remaining),
+            attempt=old.attempt + 1,
+            num_generated_before=len(gen.generated),
+            created_at_s=old.created_at_s,
+            lora_name=old.lora_name,
+            detokenize=old.detokenize,
+        )
+        gen.request = new_req
+        gen.next_index = 0
+        try:
+            subject, decision = self._route(new_req, gen.tried)
+        except NoWorkersError as exc:
+            return _error_chunk(new_req, 0, f"{reason}; {exc}")
+        if decision is not None:
+            gen.request = _with_route(new_req, decision)
+            gen.decision = decision
+            gen.worker_id = decision.worker_id
+            gen.tried.append(decision.worker_id)
+        else:
+            gen.worker_id = ""
+        self._count(gen.worker_id, +1)
+        await self._publish(gen, subject)
+        return None
+
+    def worker_gone(self, worker_id: str) -> None:
+        for gen in self.active.values():
+            if gen.worker_id == worker_id and not gen.done:
+                gen.queue.put_nowait(_Migrate(f"worker {worker_id} left"))
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.cfg.stall_timeout_s / 4))
+            now = time.monotonic()
+            for gen in list(self.active.values()):
+                if gen.done:
+                    continue
+                if gen.worker_id and not self.state.is_alive(gen.worker_id):
+                    gen.queue.put_nowait(_Migrate(f"worker {gen.worker_id} expired"))
+                    gen.last_activity = now
+                elif now - gen.last_activity > self.cfg.stall_timeout_s:
+                    gen.queue.put_nowait(_Migrate("stalled"))
+                    gen.last_activity = now
+
+    async def _recover(self, gen: Generation, upto: int) -> list[TokenChunk] | None:
+        """Read chunks ``gen.next_index .. upto-1`` of the current attempt from FLEET_TOKENS."""
+        want = set(range(gen.next_index, upto))
+        found: dict[int, TokenChunk] = {}
+        sub = await self.js.subscribe(
+            self.subjects.tok(gen.request_id),
+            ordered_consumer=True,
+            deliver_policy=api.DeliverPolicy.ALL,
+        )
+        try:
+            while want - found.keys():
+                msg = await sub.next_msg(timeout=1.0)
+                chunk = decode(msg.data, TokenChunk)
+                if chunk.attempt == gen.request.attempt and chunk.index in want:
+                    found[chunk.index] = chunk
+        except Exception as exc:
+            log.warning("chunk_recovery_failed", request_id=gen.request_id, error=str(exc))
+            return None
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return [found[i] for i in sorted(found)]
+
+
+def _with_route(request: Request, decision: RouteDecision) -> Request:
+    import msgspec
+
+    return msgspec.structs.replace(request, route=decision)
+
+
+def _with_max_tokens(sampling: Any, max_tokens: int) -> Any:
+    import msgspec
+
+    return msgspec.structs.replace(sampling, max_tokens=max_tokens, min_tokens=0)
+
+
+def _error_chunk(req: Request, index: int, error: str, reason: str = "error") -> TokenChunk:
+    return TokenChunk(
+        request_id=req.request_id,
+        attempt=req.attempt,
+        index=index,
+        finish_reason=reason,
+        error=error if reason == "error" else None,
+    )

@@ -1,0 +1,147 @@
+"""Discovery watcher: keeps a router's ``FleetState`` and model table in step with NATS.
+
+- ``fleet_workers`` bucket (watched): registrations in, deletions out;
+- ``fleet_models`` bucket (watched) + ``fleet_model_files`` object store: model cards and their
+  tokenizers, loaded once per tokenizer digest;
+- fleet.metrics.> (core subscription; the stream also keeps them): ``WorkerLoad`` reports;
+- a prune tick drops workers whose heartbeat is older than their TTL and reports who went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from router.fleet_state import FleetState
+from router.tokenization import ModelTokenizer
+from schemas import ModelCard, WireDecodeError, WorkerLoad, WorkerRegistration, decode
+from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
+from schemas.subjects import Subjects
+
+log = structlog.get_logger("jetfleet.discovery")
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    card: ModelCard
+    tokenizer: ModelTokenizer
+
+
+class Discovery:
+    def __init__(
+        self,
+        nc: Any,
+        subjects: Subjects,
+        state: FleetState,
+        on_worker_gone: Callable[[str], None] = lambda _w: None,
+        prune_interval_s: float = 0.25,
+    ) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = subjects
+        self.state = state
+        self.models: dict[str, ServedModel] = {}
+        self._on_gone = on_worker_gone
+        self._prune_interval_s = prune_interval_s
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._watchers: list[Any] = []
+        self._sub: Any = None
+        self.synced = asyncio.Event()
+
+    async def start(self) -> None:
+        s = self.subjects
+        workers = await self.js.key_value(s.bucket_name(WORKERS_BUCKET))
+        models = await self.js.key_value(s.bucket_name(MODELS_BUCKET))
+        self._files = await self.js.object_store(s.bucket_name(MODEL_FILES_STORE))
+        w_watch = await workers.watchall()
+        m_watch = await models.watchall()
+        self._watchers = [w_watch, m_watch]
+        self._sub = await self.nc.subscribe(s.metrics_all(), cb=self._on_load)
+        worker_sync, model_sync = asyncio.Event(), asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self._watch_workers(w_watch, worker_sync)),
+            asyncio.create_task(self._watch_models(m_watch, model_sync)),
+            asyncio.create_task(self._prune_loop()),
+        ]
+        await worker_sync.wait()
+        await model_sync.wait()
+        self.synced.set()
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for w in self._watchers:
+            with contextlib.suppress(Exception):
+                await w.stop()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    async def _watch_workers(self, watcher: Any, synced: asyncio.Event) -> None:
+        async for entry in watcher:
+            if entry is None:  # end of the initial values
+                synced.set()
+                continue
+            now = time.monotonic()
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                if self.state.remove(entry.key) is not None:
+                    log.info("worker_left", worker_id=entry.key)
+                    self._on_gone(entry.key)
+                continue
+            try:
+                reg = decode(entry.value, WorkerRegistration)
+            except WireDecodeError as exc:
+                log.warning("bad_registration", key=entry.key, error=str(exc))
+                continue
+            if time.time() - reg.heartbeat_at_s > reg.ttl_s:
+                continue  # a stale entry left by a dead worker
+            known = entry.key in self.state.workers
+            self.state.upsert(reg, now)
+            if not known:
+                log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
+
+    async def _watch_models(self, watcher: Any, synced: asyncio.Event) -> None:
+        async for entry in watcher:
+            if entry is None:
+                synced.set()
+                continue
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                continue
+            try:
+                card = decode(entry.value, ModelCard)
+                await self._load_model(card)
+            except Exception as exc:  # a bad card must not stop discovery
+                log.warning("bad_model_card", key=entry.key, error=str(exc))
+
+    async def _load_model(self, card: ModelCard) -> None:
+        known = self.models.get(card.name)
+        if known is not None and known.card.tokenizer_sha256 == card.tokenizer_sha256:
+            self.models[card.name] = ServedModel(card, known.tokenizer)
+            return
+        obj = await self._files.get(card.tokenizer_object)
+        tok = ModelTokenizer(obj.data, card.chat_template, card.bos_token, card.eos_token)
+        self.models[card.name] = ServedModel(card, tok)
+        log.info("model_loaded", model=card.name, context_length=card.context_length)
+
+    async def _on_load(self, msg: Any) -> None:
+        try:
+            load = decode(msg.data, WorkerLoad)
+        except WireDecodeError:
+            return  # observations share the stream but not this subject; others are noise
+        self.state.apply_load(load, time.monotonic())
+
+    async def _prune_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._prune_interval_s)
+            for worker_id in self.state.prune(time.monotonic()):
+                log.warning("worker_expired", worker_id=worker_id)
+                self._on_gone(worker_id)

@@ -1,0 +1,413 @@
+"""The OpenAI-compatible HTTP frontend (stateless; routes in-process through ``FleetClient``).
+
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+GET /ready, GET /metrics. Bad input gets an OpenAI-style JSON error with the right 4xx; an accepted
+request ends in a full response, a complete SSE stream, or a clear error (in the stream when
+streaming has begun). A client that disconnects cancels its generation on the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
+from router.discovery import Discovery, ServedModel
+from router.frontend import asgi
+from router.frontend.metrics import FrontendMetrics
+from router.frontend.responses import DONE, ChatShape, CompletionShape, encode, usage_body
+from router.openai_protocol import (
+    OpenAIError,
+    chat_generation_params,
+    completion_generation_params,
+    parse_chat_request,
+    parse_completion_request,
+    resolve_max_tokens,
+)
+from router.stops import StopMatcher
+from schemas import Request, RequestObservation, SamplingParams
+from schemas import encode as wire_encode
+
+log = structlog.get_logger("jetfleet.frontend")
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    api_keys: tuple[str, ...] = ()  # when set, /v1/* needs "Authorization: Bearer <key>"
+    retry_after_s: int = 1  # Retry-After on 503
+
+
+@dataclass
+class _Choice:
+    gen: Generation
+    stops: StopMatcher
+    text: list[str]
+    reason: str | None = None
+    first_at: float = 0.0
+    last_at: float = 0.0
+    error: str | None = None
+
+
+class Frontend:
+    def __init__(
+        self,
+        cfg: FrontendConfig,
+        nc: Any,
+        discovery: Discovery,
+        client: FleetClient,
+        metrics: FrontendMetrics,
+        frontend_id: str,
+    ) -> None:
+        self.cfg = cfg
+        self.nc = nc
+        self.discovery = discovery
+        self.client = client
+        self.metrics = metrics
+        self.frontend_id = frontend_id
+        self.subjects = client.subjects
+        self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
+
+    # ------------------------------------------------------------------ ASGI entry
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        try:
+            if path.startswith("/v1/") and self._auth and not self._authorized(scope):
+                raise OpenAIError(
+                    401,
+                    "Invalid or missing API key",
+                    type="authentication_error",
+                    code="invalid_api_key",
+                )
+            if path in ("/v1/chat/completions", "/v1/completions"):
+                if method != "POST":
+                    raise OpenAIError(405, f"Method {method} not allowed on {path}")
+                await self._generate(scope, receive, send, chat=path.endswith("chat/completions"))
+            elif path == "/v1/models" and method == "GET":
+                await asgi.send_json(send, 200, encode(self._models_body()))
+            elif path == "/health":
+                ok = self.nc.is_connected
+                await asgi.send_json(
+                    send, 200 if ok else 503, encode({"status": "ok" if ok else "nats down"})
+                )
+            elif path == "/ready":
+                await self._ready(send)
+            elif path == "/metrics":
+                await asgi.send_text(
+                    send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode()
+                )
+            else:
+                raise OpenAIError(404, f"Unknown path {path}", type="not_found_error")
+        except OpenAIError as err:
+            await self._error(send, err)
+
+    def _authorized(self, scope: asgi.Scope) -> bool:
+        return any(k == b"authorization" and v in self._auth for k, v in scope["headers"])
+
+    async def _error(self, send: asgi.Send, err: OpenAIError, model: str = "") -> None:
+        headers = []
+        if err.status in (429, 503):
+            headers.append((b"retry-after", str(self.cfg.retry_after_s).encode()))
+        await asgi.send_json(send, err.status, err.body(), headers)
+
+    def _models_body(self) -> dict[str, Any]:
+        live = self.discovery.state.models()
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(m.card.created_at_s),
+                "owned_by": "jetfleet",
+                "max_model_len": m.card.context_length,
+            }
+            for name, m in sorted(self.discovery.models.items())
+            if name in live
+        ]
+        return {"object": "list", "data": data}
+
+    async def _ready(self, send: asgi.Send) -> None:
+        reasons = []
+        if not self.nc.is_connected:
+            reasons.append("nats disconnected")
+        if not self.discovery.synced.is_set():
+            reasons.append("discovery not synced")
+        if not self._models_body()["data"]:
+            reasons.append("no model has a live worker")
+        status = 503 if reasons else 200
+        await asgi.send_json(send, status, encode({"ready": not reasons, "reasons": reasons}))
+
+    # ------------------------------------------------------------------ generation
+    async def _generate(
+        self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, chat: bool
+    ) -> None:
+        accepted = time.monotonic()
+        endpoint = "chat" if chat else "completions"
+        try:
+            body = await asgi.read_body(receive)
+        except asgi.BodyTooLarge:
+            raise OpenAIError(413, "Request body too large") from None
+        if chat:
+            creq = parse_chat_request(body)
+            params = chat_generation_params(creq)
+        else:
+            creq = parse_completion_request(body)
+            params = completion_generation_params(creq)
+        served = self.discovery.models.get(creq.model)
+        if served is None or creq.model not in self.discovery.state.models():
+            self.metrics.requests.labels(creq.model, endpoint, "404").inc()
+            raise OpenAIError(
+                404,
+                f"The model `{creq.model}` does not exist.",
+                type="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+        prompt = self._prompt_tokens(served, creq, chat)
+        max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), served.card.context_length)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        gens = await self._start(creq.model, rid, prompt, params, max_tokens, endpoint)
+        choices = [_Choice(g, StopMatcher(params.stop), []) for g in gens]
+        shape = (ChatShape if chat else CompletionShape)(rid, int(time.time()), creq.model)
+        self.metrics.in_flight.inc()
+        status = "ok"
+        try:
+            async with asgi.DisconnectWatcher(receive):
+                if params.stream:
+                    await self._stream(send, shape, choices, params.include_usage, len(prompt))
+                else:
+                    await self._collect(send, shape, choices, len(prompt))
+        except asyncio.CancelledError:
+            status = "cancelled"
+            for c in choices:
+                await c.gen.cancel()
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        finally:
+            self.metrics.in_flight.dec()
+            if any(c.error for c in choices) and status == "ok":
+                status = "error"
+            self.metrics.requests.labels(creq.model, endpoint, status).inc()
+            await self._observe(creq.model, choices, accepted, len(prompt), status)
+
+    def _prompt_tokens(self, served: ServedModel, creq: Any, chat: bool) -> list[int]:
+        tok = served.tokenizer
+        try:
+            if chat:
+                text = tok.apply_chat_template(creq.messages_as_dicts(), add_generation_prompt=True)
+                return tok.encode(text)
+            prompt = creq.prompt_value()
+            if isinstance(prompt, str):
+                return tok.encode(prompt)
+            if any(t < 0 or t >= tok.vocab_size for t in prompt):
+                raise OpenAIError(
+                    400, "prompt contains token ids outside the vocabulary", param="prompt"
+                )
+            return list(prompt)
+        except ValueError as exc:
+            if isinstance(exc, OpenAIError):
+                raise
+            raise OpenAIError(400, str(exc), param="messages" if chat else "prompt") from None
+
+    async def _start(
+        self, model: str, rid: str, prompt: list[int], params: Any, max_tokens: int, endpoint: str
+    ) -> list[Generation]:
+        gens: list[Generation] = []
+        now = time.time()
+        try:
+            for i in range(params.n):
+                seed = None if params.seed is None else params.seed + i
+                request = Request(
+                    request_id=rid if params.n == 1 else f"{rid}-{i}",
+                    model=model,
+                    token_ids=tuple(prompt),
+                    sampling=SamplingParams(
+                        max_tokens=max_tokens,
+                        temperature=params.temperature,
+                        top_p=params.top_p,
+                        seed=seed,
+                        ignore_eos=params.ignore_eos,
+                        min_tokens=params.min_tokens,
+                    ),
+                    created_at_s=now,
+                )
+                gen = await self.client.generate(request)
+                if gen.decision is not None:
+                    self.metrics.route_decision.labels(gen.decision.policy).observe(
+                        gen.decision.decision_us / 1e6
+                    )
+                gens.append(gen)
+        except (NoWorkersError, OverloadedError) as exc:
+            for g in gens:
+                await g.cancel("shed")
+            self.metrics.shed.labels(model).inc()
+            self.metrics.requests.labels(model, endpoint, "503").inc()
+            raise OpenAIError(
+                503,
+                str(exc),
+                type="service_unavailable",
+                code="overloaded" if isinstance(exc, OverloadedError) else "no_workers",
+            ) from None
+        return gens
+
+    async def _chunks(self, choices: list[_Choice]) -> Any:
+        """(choice index, text, finish_reason) in arrival order across all choices."""
+        if len(choices) == 1:
+            async for item in self._choice_chunks(0, choices[0]):
+                yield item
+            return
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def pump(i: int, c: _Choice) -> None:
+            try:
+                async for item in self._choice_chunks(i, c):
+                    queue.put_nowait(item)
+            finally:
+                queue.put_nowait(None)
+
+        tasks = [asyncio.create_task(pump(i, c)) for i, c in enumerate(choices)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                item = await queue.get()
+                if item is None:
+                    remaining -= 1
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _choice_chunks(self, i: int, c: _Choice) -> Any:
+        async for chunk in c.gen:
+            now = time.monotonic()
+            if chunk.token_ids:
+                if not c.first_at:
+                    c.first_at = now
+                c.last_at = now
+            text = c.stops.feed(chunk.text)
+            reason = chunk.finish_reason
+            if c.stops.stopped:
+                reason = "stop"
+                await c.gen.cancel("stop_string")
+            elif reason is not None:
+                text += c.stops.flush()
+                if reason == "error":
+                    c.error = chunk.error or "generation failed"
+                elif reason == "abort":
+                    c.error = "generation aborted by the worker"
+                    reason = "error"
+            if text:
+                c.text.append(text)
+            if reason is not None:
+                c.reason = reason
+            yield i, text, reason
+            if reason is not None:
+                return
+
+    async def _stream(
+        self,
+        send: asgi.Send,
+        shape: ChatShape,
+        choices: list[_Choice],
+        include_usage: bool,
+        prompt_len: int,
+    ) -> None:
+        await asgi.start_sse(send)
+        for i in range(len(choices)):
+            head = shape.role_chunk(i)
+            if head:
+                await asgi.send_sse(send, head)
+        async for i, text, reason in self._chunks(choices):
+            if reason == "error":
+                err = OpenAIError(500, choices[i].error or "generation failed", type="server_error")
+                await asgi.send_sse(send, b"data: " + err.body() + b"\n\n")
+                continue
+            if text or reason is not None:
+                await asgi.send_sse(send, shape.delta_chunk(i, text, reason))
+        tail = shape.usage_chunk(self._usage(choices, prompt_len)) if include_usage else b""
+        await asgi.end_sse(send, tail + DONE)
+
+    async def _collect(
+        self, send: asgi.Send, shape: ChatShape, choices: list[_Choice], prompt_len: int
+    ) -> None:
+        async for _ in self._chunks(choices):
+            pass
+        failed = [c.error for c in choices if c.error]
+        if failed:
+            await asgi.send_json(send, 500, OpenAIError(500, failed[0], type="server_error").body())
+            return
+        texts = ["".join(c.text) for c in choices]
+        await asgi.send_json(
+            send,
+            200,
+            shape.full(texts, [c.reason for c in choices], self._usage(choices, prompt_len)),
+        )
+
+    @staticmethod
+    def _usage(choices: list[_Choice], prompt_len: int) -> dict[str, Any]:
+        completion = sum(len(c.gen.generated) for c in choices)
+        cached = max((c.gen.cached_tokens for c in choices), default=0)
+        return usage_body(prompt_len, completion, cached)
+
+    async def _observe(
+        self, model: str, choices: list[_Choice], accepted: float, prompt_len: int, status: str
+    ) -> None:
+        for c in choices:
+            gen = c.gen
+            osl = len(gen.generated)
+            end = c.last_at or time.monotonic()
+            ttft = (c.first_at - accepted) if c.first_at else 0.0
+            itl = (c.last_at - c.first_at) / (osl - 1) if osl > 1 and c.first_at else 0.0
+            if c.first_at:
+                self.metrics.ttft.labels(model).observe(ttft)
+            if osl > 1:
+                self.metrics.itl.labels(model).observe(itl)
+            self.metrics.duration.labels(model).observe(end - accepted)
+            self.metrics.tokens.labels(model, "prompt").inc(prompt_len)
+            self.metrics.tokens.labels(model, "completion").inc(osl)
+            self.metrics.tokens.labels(model, "cached").inc(gen.cached_tokens)
+            if gen.attempts > 1:
+                self.metrics.migrations.labels(model).inc(gen.attempts - 1)
+            obs = RequestObservation(
+                request_id=gen.request_id,
+                model=model,
+                status="error" if c.error else status,
+                ts_s=time.time(),
+                worker_id=gen.worker_id,
+                isl_tokens=prompt_len,
+                osl_tokens=osl,
+                cached_tokens=gen.cached_tokens,
+                ttft_s=ttft,
+                itl_s=itl,
+                e2e_s=end - accepted,
+                attempts=gen.attempts,
+                finish_reason=c.reason,
+                error=c.error,
+                route=gen.decision,
+                frontend_id=self.frontend_id,
+            )
+            try:
+                await self.nc.publish(self.subjects.obs(model), wire_encode(obs))
+            except Exception as exc:
+                log.warning("observation_publish_failed", request_id=gen.request_id, error=str(exc))
+
+
+async def _lifespan(receive: asgi.Receive, send: asgi.Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

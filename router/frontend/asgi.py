@@ -1,0 +1,106 @@
+"""Minimal ASGI plumbing: body reading, JSON/SSE responses, disconnect watching.
+
+The frontend is a plain ASGI callable served by uvicorn (httptools + uvloop): no framework sits on
+the hot path, so a streamed request costs one extra task (the disconnect watcher) and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+MAX_BODY_BYTES = 32 << 20
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError("client went away while sending the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, extra_headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = _JSON_HEADERS + (extra_headers or [])
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_text(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type)],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def start_sse(send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+
+
+async def send_sse(send: Send, data: bytes) -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": True})
+
+
+async def end_sse(send: Send, data: bytes = b"") -> None:
+    await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+class DisconnectWatcher:
+    """Cancels the handler task when the client disconnects before the response is complete."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._target = asyncio.current_task()
+        self.disconnected = False
+        self._task = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                if self._target is not None:
+                    self._target.cancel()
+                return
+
+    def close(self) -> None:
+        self._task.cancel()
+
+    async def __aenter__(self) -> DisconnectWatcher:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -1,0 +1,85 @@
+"""Run one frontend process: NATS, discovery, the routing library, uvicorn (TCP_NODELAY)."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+import structlog
+import uvicorn
+from infra.jetstream import connect_nats, ensure_topology
+from prometheus_client import CollectorRegistry
+
+from router.client import ClientConfig, FleetClient
+from router.discovery import Discovery
+from router.fleet_state import FleetState
+from router.frontend.app import Frontend, FrontendConfig
+from router.frontend.metrics import FrontendMetrics
+from router.policies import make_policy
+from schemas import Subjects
+
+log = structlog.get_logger("jetfleet.frontend")
+
+
+@dataclass(frozen=True)
+class FrontendServiceConfig:
+    nats_url: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    router: str = "round-robin"
+    subjects: Subjects = field(default_factory=Subjects)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    http: FrontendConfig = field(default_factory=FrontendConfig)
+    frontend_id: str = field(default_factory=lambda: f"fe-{uuid.uuid4().hex[:8]}")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A listening socket with TCP_NODELAY (Linux passes it on to accepted connections)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def run_frontend(cfg: FrontendServiceConfig) -> None:
+    nc = await connect_nats(cfg.nats_url, name=cfg.frontend_id)
+    await ensure_topology(nc.jetstream(), cfg.subjects)
+    state = FleetState()
+    client = FleetClient(nc, cfg.subjects, state, make_policy(cfg.router), cfg.client)
+    discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
+    await discovery.start()
+    client.start()
+    app = Frontend(
+        cfg.http, nc, discovery, client, FrontendMetrics(CollectorRegistry()), cfg.frontend_id
+    )
+    sock = listening_socket(cfg.host, cfg.port)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            loop="none",
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=30,
+            backlog=2048,
+        )
+    )
+    log.info(
+        "frontend_listening",
+        url=f"http://{cfg.host}:{sock.getsockname()[1]}/v1",
+        router=cfg.router,
+        frontend_id=cfg.frontend_id,
+    )
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await client.stop()
+        await discovery.stop()
+        await nc.drain()
+        log.info("frontend_stopped", frontend_id=cfg.frontend_id)

@@ -1,0 +1,49 @@
+"""Stop strings, applied by the frontend to the streamed text (pure).
+
+Text is released as soon as it cannot be the start of a stop string; a suffix that could still
+grow into one is held back. When a stop string appears, everything before it is released and the
+stream ends with ``finish_reason="stop"`` (the stop string itself is not returned, as in OpenAI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopMatcher:
+    __slots__ = ("_held", "_max_len", "_stops", "stopped")
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._max_len = max((len(s) for s in self._stops), default=0)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Return the text safe to emit now; sets ``stopped`` when a stop string matched."""
+        if self.stopped:
+            return ""
+        if not self._stops:
+            return text
+        buf = self._held + text
+        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return buf[:cut]
+        keep = self._partial_suffix(buf)
+        self._held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        """At the end of the stream: whatever was held back is plain text after all."""
+        out, self._held = self._held, ""
+        return "" if self.stopped else out
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
+        for k in range(min(len(buf), self._max_len - 1), 0, -1):
+            tail = buf[-k:]
+            if any(s.startswith(tail) for s in self._stops):
+                return k
+        return 0

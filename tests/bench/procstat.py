@@ -1,0 +1,38 @@
+"""CPU seconds of processes from /proc (Linux), for "where does the CPU go" reports."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + system CPU seconds of ``pid`` (0.0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def self_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+class CpuMeter:
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self._start: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._start = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        self._start["load_client"] = self_cpu_seconds()
+
+    def stop(self) -> dict[str, float]:
+        now = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        now["load_client"] = self_cpu_seconds()
+        return {n: round(now[n] - self._start.get(n, 0.0), 3) for n in now}

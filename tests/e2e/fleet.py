@@ -1,0 +1,78 @@
+"""A real fleet for end-to-end tests: worker and frontend processes against a real nats-server."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Fleet:
+    nats_url: str
+    log_dir: Path
+    prefix: str = field(default_factory=lambda: f"e{uuid.uuid4().hex[:8]}")
+    port: int = field(default_factory=free_port)
+    group: ProcessGroup = field(init=False)
+    worker_args: tuple[str, ...] = ("--speedup", "20")
+    frontend_args: tuple[str, ...] = ()
+    _n: int = 0
+
+    def __post_init__(self) -> None:
+        self.group = ProcessGroup(self.log_dir)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def common(self) -> list[str]:
+        return ["--nats", self.nats_url, "--subject-prefix", self.prefix, "--log-level", "info"]
+
+    def add_worker(self, *extra: str) -> str:
+        name = f"worker-{self._n}"
+        self._n += 1
+        worker_id = f"{self.prefix}-{name}"
+        self.group.start(
+            name,
+            cli_command(
+                "worker", *self.common(), "--worker-id", worker_id, *self.worker_args, *extra
+            ),
+        )
+        return worker_id
+
+    def start_frontend(self, *extra: str) -> None:
+        self.group.start(
+            "frontend",
+            cli_command(
+                "frontend", *self.common(), "--port", str(self.port), *self.frontend_args, *extra
+            ),
+        )
+        wait_http_ok(f"{self.base_url}/ready", 60.0, self.group)
+
+    def start_router_service(self, *extra: str) -> None:
+        self.group.start("router", cli_command("router-service", *self.common(), *extra))
+
+    def kill(self, worker_id: str) -> None:
+        name = worker_id.removeprefix(f"{self.prefix}-")
+        child = self.group.children.pop(name)
+        child.proc.send_signal(signal.SIGKILL)
+        child.proc.wait()
+
+    def terminate(self, worker_id: str) -> int | None:
+        return self.group.stop(worker_id.removeprefix(f"{self.prefix}-"))
+
+    def log(self, name: str) -> str:
+        return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        self.group.stop_all(timeout_s=20)

@@ -1,0 +1,104 @@
+"""Every bad request gets an OpenAI-style JSON error with the right 4xx — never a 500 or a hang."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+M = "jetfleet-tiny"
+MSG = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+
+CASES = [
+    ("malformed json", "POST", CHAT, b'{"model": "x", ', 400, None),
+    ("not an object", "POST", CHAT, b"[1, 2]", 400, None),
+    ("missing messages", "POST", CHAT, {"model": M}, 400, "messages"),
+    ("unknown model", "POST", CHAT, {"model": "nope", "messages": MSG}, 404, "model"),
+    (
+        "temperature type",
+        "POST",
+        CHAT,
+        {"model": M, "messages": MSG, "temperature": "hot"},
+        400,
+        "temperature",
+    ),
+    (
+        "temperature range",
+        "POST",
+        CHAT,
+        {"model": M, "messages": MSG, "temperature": 3},
+        400,
+        "temperature",
+    ),
+    ("top_p range", "POST", CHAT, {"model": M, "messages": MSG, "top_p": 0}, 400, "top_p"),
+    (
+        "max_tokens zero",
+        "POST",
+        CHAT,
+        {"model": M, "messages": MSG, "max_tokens": 0},
+        400,
+        "max_tokens",
+    ),
+    ("n too big", "POST", CHAT, {"model": M, "messages": MSG, "n": 1000}, 400, "n"),
+    (
+        "bad role",
+        "POST",
+        CHAT,
+        {"model": M, "messages": [{"role": "robot", "content": "x"}]},
+        400,
+        None,
+    ),
+    ("context exceeded", "POST", COMP, {"model": M, "prompt": "x" * 9000}, 400, None),
+    (
+        "max_tokens past context",
+        "POST",
+        COMP,
+        {"model": M, "prompt": "hi", "max_tokens": 100000},
+        400,
+        None,
+    ),
+    ("prompt wrong type", "POST", COMP, {"model": M, "prompt": {"a": 1}}, 400, "prompt"),
+    ("token id outside vocab", "POST", COMP, {"model": M, "prompt": [1, 2, 10**9]}, 400, "prompt"),
+    (
+        "stream_options without stream",
+        "POST",
+        CHAT,
+        {"model": M, "messages": MSG, "stream_options": {"include_usage": True}},
+        400,
+        None,
+    ),
+    ("wrong method", "GET", CHAT, None, 405, None),
+    ("unknown path", "GET", "/v1/nothing", None, 404, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "path", "body", "status", "param"), CASES, ids=[c[0] for c in CASES]
+)
+def test_bad_request(fleet, name, method, path, body, status, param):
+    content = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    r = httpx.request(
+        method,
+        fleet.base_url + path,
+        content=content,
+        headers={"content-type": "application/json"},
+        timeout=10,
+    )
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    assert err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_fleet_still_serves_after_bad_requests(fleet):
+    r = httpx.post(
+        fleet.base_url + COMP, json={"model": M, "prompt": "ok", "max_tokens": 3}, timeout=10
+    )
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

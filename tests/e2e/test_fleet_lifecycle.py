@@ -1,0 +1,202 @@
+"""Workers joining, sharing, dying, draining; clients disconnecting; load shedding — all real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from infra.jetstream import connect_nats
+
+from infra.tools import fleet_status
+from schemas import RequestObservation, Subjects, decode
+from tests.e2e.fleet import Fleet
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+M = "jetfleet-tiny"
+
+
+@pytest.fixture(scope="module")
+def slow_fleet(nats_server, tmp_path_factory):
+    """Speedup 1 (real mocker timing), so requests last long enough to interfere with."""
+    f = Fleet(
+        nats_server.url, tmp_path_factory.mktemp("slow-fleet"), worker_args=("--speedup", "1")
+    )
+    f.add_worker()
+    f.add_worker()
+    f.start_frontend("--router", "round-robin", "--stall-timeout", "5")
+    yield f
+    f.stop()
+
+
+async def live_workers(fleet: Fleet) -> dict[str, dict]:
+    nc = await connect_nats(fleet.nats_url, name="test-status")
+    try:
+        report = await fleet_status(nc.jetstream(), Subjects(fleet.prefix))
+    finally:
+        await nc.close()
+    return {w["worker_id"]: w for w in report["workers"] if w["status"] == "ready"}
+
+
+class Observations:
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.items: list[RequestObservation] = []
+
+    async def __aenter__(self) -> Observations:
+        self.nc = await connect_nats(self.fleet.nats_url, name="test-obs")
+
+        async def on(msg) -> None:
+            self.items.append(decode(msg.data, RequestObservation))
+
+        await self.nc.subscribe(Subjects(self.fleet.prefix).obs_all(), cb=on)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.nc.close()
+
+
+async def complete(client: httpx.AsyncClient, fleet: Fleet, max_tokens: int = 4, **kw) -> dict:
+    r = await client.post(
+        f"{fleet.base_url}/v1/completions",
+        json={"model": M, "prompt": "hello", "max_tokens": max_tokens, **kw},
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def test_two_workers_share_load(slow_fleet):
+    await wait_for(lambda: _count(slow_fleet, 2), timeout=20)
+    async with Observations(slow_fleet) as obs, httpx.AsyncClient(timeout=30) as client:
+        await asyncio.gather(*(complete(client, slow_fleet) for _ in range(8)))
+        await wait_for(lambda: len(obs.items) >= 8, timeout=10)
+    used = {o.worker_id for o in obs.items}
+    assert len(used) == 2
+    assert all(o.route is not None and o.route.policy == "round-robin" for o in obs.items)
+    assert all(o.status == "ok" and o.osl_tokens == 4 and o.ttft_s > 0 for o in obs.items)
+
+
+async def _count(fleet: Fleet, n: int) -> bool:
+    return len(await live_workers(fleet)) == n
+
+
+async def test_client_disconnect_cancels_generation(slow_fleet):
+    async with Observations(slow_fleet) as obs, httpx.AsyncClient(timeout=30) as client:
+        body = {"model": M, "prompt": "long", "max_tokens": 3000, "stream": True}
+        async with client.stream("POST", f"{slow_fleet.base_url}/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and '"text"' in line:
+                    break  # got the first token: hang up
+        started = time.monotonic()
+        await wait_for(lambda: any(o.status == "cancelled" for o in obs.items), timeout=10)
+
+        async def idle() -> bool:
+            return all(w.get("num_running") == 0 for w in (await live_workers(slow_fleet)).values())
+
+        await wait_for(idle, timeout=10)
+    # 3000 tokens at real mocker speed would take many seconds more
+    assert time.monotonic() - started < 8
+    cancelled = [o for o in obs.items if o.status == "cancelled"]
+    assert cancelled[0].osl_tokens < 3000
+
+
+async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
+    async with Observations(slow_fleet) as obs, httpx.AsyncClient(timeout=60) as client:
+        body = {
+            "model": M,
+            "prompt": "migrate me",
+            "max_tokens": 400,
+            "stream": True,
+            "seed": 2,
+            "stream_options": {"include_usage": True},
+        }
+        texts: list[str] = []
+        usage = None
+        killed = False
+        async with client.stream("POST", f"{slow_fleet.base_url}/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                if event["choices"]:
+                    texts.append(event["choices"][0]["text"])
+                if event.get("usage"):
+                    usage = event["usage"]
+                if not killed and len(texts) >= 3:
+                    killed = True
+                    serving = await _serving_worker(slow_fleet)
+                    slow_fleet.kill(serving)
+        await wait_for(lambda: len(obs.items) >= 1, timeout=10)
+    assert usage is not None and usage["completion_tokens"] == 400
+    assert obs.items[-1].attempts == 2 and obs.items[-1].status == "ok"
+    slow_fleet.add_worker()  # restore two workers for the next tests
+    await wait_for(lambda: _count(slow_fleet, 2), timeout=20)
+
+
+async def _serving_worker(fleet: Fleet) -> str:
+    for _ in range(50):
+        busy = [w for w, v in (await live_workers(fleet)).items() if v.get("num_running")]
+        if busy:
+            return busy[0]
+        await asyncio.sleep(0.1)
+    raise AssertionError("no worker reports the running request")
+
+
+async def test_new_worker_takes_over_new_requests(slow_fleet):
+    before = set(await live_workers(slow_fleet))
+    victim = sorted(before)[0]
+    slow_fleet.kill(victim)
+    newcomer = slow_fleet.add_worker()
+    await wait_for(lambda: _has(slow_fleet, newcomer), timeout=20)
+    async with Observations(slow_fleet) as obs, httpx.AsyncClient(timeout=60) as client:
+        results = await asyncio.gather(*(complete(client, slow_fleet) for _ in range(6)))
+        await wait_for(lambda: len(obs.items) >= 6, timeout=10)
+    assert all(r["usage"]["completion_tokens"] == 4 for r in results)
+    assert newcomer in {o.worker_id for o in obs.items}
+    await wait_for(lambda: _gone(slow_fleet, victim), timeout=10)
+
+
+async def _has(fleet: Fleet, worker_id: str) -> bool:
+    return worker_id in await live_workers(fleet)
+
+
+async def _gone(fleet: Fleet, worker_id: str) -> bool:
+    return worker_id not in await live_workers(fleet)
+
+
+async def test_sigterm_drains_in_flight_work(slow_fleet):
+    workers = sorted(await live_workers(slow_fleet))
+    async with httpx.AsyncClient(timeout=60) as client:
+        tasks = [
+            asyncio.create_task(complete(client, slow_fleet, max_tokens=150)) for _ in range(4)
+        ]
+        await asyncio.sleep(0.5)
+        code = await asyncio.to_thread(slow_fleet.terminate, workers[0])
+        results = await asyncio.gather(*tasks)
+    assert code == 0
+    assert all(r["usage"]["completion_tokens"] == 150 for r in results)
+    slow_fleet.add_worker()
+
+
+async def test_saturated_fleet_sheds_with_503(nats_server, tmp_path):
+    f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--max-num-seqs", "2"))
+    try:
+        f.add_worker()
+        f.start_frontend("--max-waiting-per-worker", "1")
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"model": M, "prompt": "x", "max_tokens": 100}
+            rs = await asyncio.gather(
+                *(client.post(f"{f.base_url}/v1/completions", json=body) for _ in range(10))
+            )
+        codes = sorted(r.status_code for r in rs)
+        assert codes.count(200) >= 3 and 503 in codes
+        shed = next(r for r in rs if r.status_code == 503)
+        assert shed.headers["retry-after"] == "1"
+        assert shed.json()["error"]["type"] == "service_unavailable"
+    finally:
+        f.stop()

@@ -1,0 +1,115 @@
+from collections import Counter
+
+import pytest
+
+from router.fleet_state import FleetState
+from router.policies import LeastLoaded, RandomChoice, RoundRobin, RouteQuery, make_policy
+from schemas import WorkerLoad, WorkerRegistration
+
+
+def reg(wid: str, model: str = "m", role: str = "agg", status: str = "ready", cap: int = 8):
+    return WorkerRegistration(
+        worker_id=wid,
+        model=model,
+        role=role,
+        engine="mocker",
+        max_num_seqs=cap,
+        num_gpu_blocks=100,
+        block_size=16,
+        status=status,
+        ttl_s=5.0,
+    )
+
+
+def load(wid: str, running: int, waiting: int = 0) -> WorkerLoad:
+    return WorkerLoad(
+        worker_id=wid,
+        model="m",
+        role="agg",
+        ts_s=0.0,
+        num_running=running,
+        num_waiting=waiting,
+        max_num_seqs=8,
+        kv_usage=0.0,
+        num_gpu_blocks=100,
+    )
+
+
+def state_with(*regs: WorkerRegistration, now: float = 0.0) -> FleetState:
+    st = FleetState()
+    for r in regs:
+        st.upsert(r, now)
+    return st
+
+
+Q = RouteQuery("m", 10)
+
+
+def test_round_robin_cycles_in_worker_order():
+    st = state_with(reg("b"), reg("a"), reg("c"))
+    rr = RoundRobin()
+    picks = [rr.choose(Q, st.candidates("m")).worker_id for _ in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_candidates_filter_model_role_status_and_exclusions():
+    st = state_with(
+        reg("a"),
+        reg("b", model="other"),
+        reg("c", role="prefill"),
+        reg("d", status="draining"),
+        reg("e"),
+    )
+    assert {v.worker_id for v in st.candidates("m")} == {"a", "e"}
+    assert {v.worker_id for v in st.candidates("m", exclude=["a"])} == {"e"}
+
+
+def test_least_loaded_uses_larger_of_report_and_local_count():
+    st = state_with(reg("a"), reg("b"))
+    st.apply_load(load("a", running=1), 0.0)
+    st.workers["b"].in_flight = 3  # our own count beats b's (missing) report
+    d = LeastLoaded(seed=1).choose(Q, st.candidates("m"))
+    assert d.worker_id == "a"
+    costs = {c.worker_id: c.cost for c in d.candidates}
+    assert costs == {"a": 1 / 8, "b": 3 / 8}
+
+
+def test_least_loaded_breaks_ties_randomly_but_seeded():
+    st = state_with(reg("a"), reg("b"), reg("c"))
+    p = LeastLoaded(seed=3)
+    seq1 = [p.choose(Q, st.candidates("m")).worker_id for _ in range(20)]
+    p = LeastLoaded(seed=3)
+    seq2 = [p.choose(Q, st.candidates("m")).worker_id for _ in range(20)]
+    assert seq1 == seq2 and len(set(seq1)) > 1
+
+
+def test_random_is_seeded_and_spreads():
+    st = state_with(reg("a"), reg("b"))
+    p1, p2 = RandomChoice(seed=5), RandomChoice(seed=5)
+    seq1 = [p1.choose(Q, st.candidates("m")).worker_id for _ in range(200)]
+    seq2 = [p2.choose(Q, st.candidates("m")).worker_id for _ in range(200)]
+    picks = Counter(seq1)
+    assert set(picks) == {"a", "b"} and min(picks.values()) > 60
+    assert seq1 == seq2
+
+
+def test_prune_drops_expired_workers():
+    st = state_with(reg("a"), now=0.0)
+    st.upsert(reg("b"), 4.0)
+    assert st.prune(6.0) == ["a"]
+    assert set(st.workers) == {"b"}
+
+
+def test_saturation_needs_every_worker_past_the_bound():
+    st = state_with(reg("a", cap=2), reg("b", cap=2))
+    st.apply_load(load("a", running=2, waiting=1), 0.0)
+    assert not st.saturated("m", "agg", max_waiting_per_worker=1)
+    st.apply_load(load("b", running=2, waiting=5), 0.0)
+    assert st.saturated("m", "agg", max_waiting_per_worker=1)
+    assert not st.saturated("m", "agg", max_waiting_per_worker=10)
+
+
+def test_make_policy_rejects_unknown_names():
+    assert make_policy("pool") is None
+    with pytest.raises(ValueError, match="unknown routing policy"):
+        make_policy("nope")

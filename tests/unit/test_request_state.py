@@ -1,0 +1,41 @@
+from schemas import Request, SamplingParams
+from workers.engine import EngineOutput
+from workers.request_state import ActiveRequest
+
+
+def make(detok=None):
+    flushes: list[bool] = []
+    req = Request("r1", "m", (1, 2, 3), SamplingParams(max_tokens=4), attempt=2)
+    ar = ActiveRequest(req, None, "w1", detok, lambda _ar, urgent: flushes.append(urgent), 0.0)
+    return ar, flushes
+
+
+def test_first_tokens_and_end_are_urgent_middle_ones_are_not():
+    ar, flushes = make()
+    ar.on_output(EngineOutput("r1", (10,), num_prompt_tokens=3, num_cached_tokens=2))
+    ar.on_output(EngineOutput("r1", (11,)))
+    ar.on_output(EngineOutput("r1", (12, 13), finished=True, finish_reason="length"))
+    assert flushes == [True, False, True]
+
+
+def test_chunks_are_indexed_coalesced_and_final_once():
+    ar, _ = make(detok=lambda t: chr(t))
+    ar.on_output(EngineOutput("r1", (104,), num_prompt_tokens=3, num_cached_tokens=2))
+    c0 = ar.take_chunk()
+    ar.on_output(EngineOutput("r1", (105,)))
+    ar.on_output(EngineOutput("r1", (33,), finished=True, finish_reason="length"))
+    c1 = ar.take_chunk()
+    assert (c0.index, c0.token_ids, c0.text, c0.finish_reason) == (0, (104,), "h", None)
+    assert (c1.index, c1.token_ids, c1.text, c1.finish_reason) == (1, (105, 33), "i!", "length")
+    assert c1.attempt == 2 and c1.worker_id == "w1"
+    assert c1.usage is not None
+    assert (c1.usage.prompt_tokens, c1.usage.completion_tokens, c1.usage.cached_tokens) == (3, 3, 2)
+    assert ar.final_sent and not ar.has_pending()
+
+
+def test_outputs_after_finish_are_ignored():
+    ar, flushes = make()
+    ar.on_output(EngineOutput("r1", (), finished=True, finish_reason="abort"))
+    ar.on_output(EngineOutput("r1", (5,)))
+    assert ar.take_chunk().finish_reason == "abort"
+    assert flushes == [True]

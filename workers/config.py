@@ -1,0 +1,36 @@
+"""Configuration of one worker process."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas import Subjects
+from schemas.discovery import WorkerRole
+
+
+def new_worker_id() -> str:
+    return f"w-{uuid.uuid4().hex[:10]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    nats_url: str
+    model_dir: Path  # HF-style directory: tokenizer.json, tokenizer_config.json, config.json
+    model_name: str  # served model name
+    role: WorkerRole = "agg"
+    engine: str = "mocker"
+    subjects: Subjects = field(default_factory=Subjects)
+    worker_id: str = field(default_factory=new_worker_id)
+    heartbeat_interval_s: float = 1.0  # registration refresh period
+    ttl_s: float = 4.0  # routers drop the worker when its heartbeat is older than this
+    load_interval_s: float = 0.25  # WorkerLoad report period
+    flush_interval_s: float = 0.005  # longest a generated token waits before it is published
+    ack_wait_s: float = 30.0  # JetStream redelivers a request not touched for this long
+    drain_timeout_s: float = 60.0  # SIGTERM: longest wait for in-flight requests
+    max_pending_requests: int = 1024  # un-acked routed requests the server may push at once
+    metrics_port: int = 0  # Prometheus /metrics; 0 = off
+    block_size: int = 16
+    pid: int = field(default_factory=os.getpid)

@@ -1,0 +1,192 @@
+"""The mocker engine: the pure scheduler driven in simulated time by one asyncio task.
+
+Each iteration runs ``Scheduler.step()``, hands the outputs to the request sinks, pushes the block
+pool's KV events to the listener, then sleeps until the step's simulated duration
+(``simulated_ms / speedup``) has passed since the step began. Deadlines are kept on an absolute
+clock so rounding of short sleeps does not accumulate. With a very high speedup the loop yields
+to the event loop once per step and the fleet's own overhead is what remains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+import xxhash
+
+from workers.engine import (
+    ControlResult,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    KvListener,
+    OutputSink,
+)
+from workers.engines.mocker.config import MockerConfig
+from workers.engines.mocker.scheduler import Scheduler, SeqRequest
+
+log = structlog.get_logger("jetfleet.mocker")
+
+
+def vocabulary_token_source(vocab: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """Deterministic ``(seed, position) -> token`` drawing from ``vocab`` (text-safe ids)."""
+    if not vocab:
+        raise ValueError("empty vocabulary")
+    n = len(vocab)
+    digest = xxhash.xxh3_64_intdigest
+
+    def source(seed: int, position: int) -> int:
+        return vocab[digest(position.to_bytes(8, "little"), seed & 0xFFFFFFFFFFFFFFFF) % n]
+
+    return source
+
+
+def request_seed(request_id: str, seed: int | None) -> int:
+    """The client's seed, or one derived from the request id (stable across migrations)."""
+    if seed is not None:
+        return seed & 0xFFFFFFFFFFFFFFFF
+    return xxhash.xxh3_64_intdigest(request_id.rsplit(":", 1)[0].encode())
+
+
+class MockerEngine:
+    name = "mocker"
+
+    def __init__(self, config: MockerConfig, vocab: tuple[int, ...]) -> None:
+        self.config = config
+        self.max_num_seqs = config.max_num_seqs
+        self.num_gpu_blocks = config.num_gpu_blocks
+        self.block_size = config.block_size
+        self._scheduler = Scheduler(config, vocabulary_token_source(vocab))
+        self._sinks: dict[str, OutputSink] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._kv_listener: KvListener | None = None
+        self._last_step_ms = 0.0
+        self._sleeping = False
+
+    async def start(self, kv_listener: KvListener) -> None:
+        self._kv_listener = kv_listener
+        self._task = asyncio.create_task(self._run(), name="mocker-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def add_request(self, request: EngineRequest, sink: OutputSink) -> None:
+        sp = request.sampling
+        self._sinks[request.request_id] = sink
+        self._scheduler.add_request(
+            SeqRequest(
+                request_id=request.request_id,
+                prompt_token_ids=tuple(request.token_ids),
+                max_tokens=sp.max_tokens,
+                seed=request_seed(request.request_id, sp.seed),
+                lora_name=request.lora_name,
+            )
+        )
+        self._wake.set()
+
+    def abort(self, request_id: str) -> bool:
+        sink = self._sinks.pop(request_id, None)
+        found = self._scheduler.abort(request_id)
+        self._flush_kv_events()
+        if sink is not None:
+            sink.on_output(EngineOutput(request_id, (), finished=True, finish_reason="abort"))
+        return found or sink is not None
+
+    def load(self) -> EngineLoad:
+        st = self._scheduler.stats()
+        return EngineLoad(
+            num_running=st.num_running,
+            num_waiting=st.num_waiting,
+            max_num_seqs=self.max_num_seqs,
+            kv_usage=st.kv_usage,
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            active_decode_blocks=st.active_decode_blocks,
+            active_prefill_tokens=st.active_prefill_tokens,
+            num_preempted_total=st.num_preempted_total,
+            prompt_tokens_total=st.prompt_tokens_total,
+            cached_tokens_total=st.cached_tokens_total,
+            step_ms=self._last_step_ms,
+        )
+
+    async def control(self, op: str, args: dict[str, str]) -> ControlResult:
+        if op == "health":
+            alive = self._task is not None and not self._task.done()
+            return ControlResult(alive, "running" if alive else "engine loop stopped")
+        if op == "clear_kv":
+            ok = self._scheduler.reset_prefix_cache()
+            self._flush_kv_events()
+            return ControlResult(ok, "" if ok else "blocks in use; drain first")
+        if op == "sleep":
+            self._sleeping = True
+            return ControlResult(True, "sleeping: new steps paused")
+        if op == "wake":
+            self._sleeping = False
+            self._wake.set()
+            return ControlResult(True, "awake")
+        if op == "lora_list":
+            return ControlResult(True, data={"loras": []})
+        if op in ("lora_load", "lora_unload"):
+            # The mocker has no weights: adapters only change the hash seed, so any name works.
+            return ControlResult(True, f"mocker accepts adapter {args.get('name', '')!r}")
+        return ControlResult(False, f"unknown op {op!r}")
+
+    def _flush_kv_events(self) -> None:
+        events = self._scheduler.take_events()
+        if events and self._kv_listener is not None:
+            self._kv_listener(events)
+
+    def _dispatch(self, outputs) -> None:  # type: ignore[no-untyped-def]
+        sinks = self._sinks
+        for out in outputs:
+            sink = sinks.get(out.request_id)
+            if sink is None:
+                continue
+            if out.finished:
+                del sinks[out.request_id]
+            sink.on_output(
+                EngineOutput(
+                    request_id=out.request_id,
+                    new_token_ids=out.new_token_ids,
+                    finished=out.finished,
+                    finish_reason=out.finish_reason,
+                    num_prompt_tokens=out.num_prompt_tokens,
+                    num_cached_tokens=out.num_cached_tokens,
+                )
+            )
+
+    async def _run(self) -> None:
+        speedup = self.config.speedup
+        clock = time.monotonic
+        next_at = clock()
+        while True:
+            if self._sleeping or not self._scheduler.has_work:
+                self._wake.clear()
+                await self._wake.wait()
+                next_at = clock()
+                continue
+            try:
+                result = self._scheduler.step()
+            except Exception:  # a bug in the core must not wedge every request silently
+                log.exception("mocker_step_failed")
+                self._fail_all("engine step failed")
+                continue
+            self._last_step_ms = result.simulated_ms
+            self._dispatch(result.outputs)
+            self._flush_kv_events()
+            next_at = max(next_at + result.simulated_ms / 1000.0 / speedup, clock() - 0.05)
+            delay = next_at - clock()
+            await asyncio.sleep(delay if delay > 0 else 0)
+
+    def _fail_all(self, reason: str) -> None:
+        for rid in list(self._sinks):
+            self._scheduler.abort(rid)
+            sink = self._sinks.pop(rid)
+            sink.on_output(EngineOutput(rid, (), True, "error", error=reason))

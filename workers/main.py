@@ -1,0 +1,85 @@
+"""Run one worker process: connect, register, consume, and drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass
+
+import structlog
+from infra.jetstream import connect_nats, ensure_consumer, ensure_topology
+from prometheus_client import CollectorRegistry, start_http_server
+from router.modelcard import LocalModel, load_model_dir
+from router.tokenization import ModelTokenizer
+
+from schemas.streams import pool_consumer
+from workers.config import WorkerConfig
+from workers.engine import Engine
+from workers.engines.mocker.config import MockerConfig
+from workers.engines.mocker.engine import MockerEngine
+from workers.metrics import WorkerMetrics
+from workers.registry import Registry
+from workers.runtime import WorkerRuntime
+
+log = structlog.get_logger("jetfleet.worker")
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    kind: str  # "mocker" | "vllm"
+    mocker: MockerConfig
+
+
+def build_engine(choice: EngineChoice, tokenizer: ModelTokenizer) -> Engine:
+    if choice.kind == "mocker":
+        return MockerEngine(choice.mocker, tokenizer.text_safe_token_ids())
+    if choice.kind == "vllm":
+        from workers.engines.vllm.engine import VllmEngine  # optional extra, GPU only
+
+        return VllmEngine.from_cli_defaults(choice)  # type: ignore[attr-defined,no-any-return]
+    raise ValueError(f"unknown engine {choice.kind!r}")
+
+
+async def run_worker(
+    cfg: WorkerConfig, choice: EngineChoice, local: LocalModel | None = None
+) -> None:
+    local = local or load_model_dir(cfg.model_dir, cfg.model_name, cfg.block_size)
+    tokenizer = ModelTokenizer(
+        local.tokenizer_json, local.chat_template, local.bos_token, local.eos_token
+    )
+    engine = build_engine(choice, tokenizer)
+    nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}")
+    js = nc.jetstream()
+    await ensure_topology(js, cfg.subjects)
+    await ensure_consumer(
+        js,
+        cfg.subjects.stream_name("REQUESTS"),
+        pool_consumer(cfg.subjects, cfg.model_name, cfg.role),
+    )
+    registry = Registry(cfg, js, engine)
+    await registry.publish_model(local)
+    prom = CollectorRegistry()
+    if cfg.metrics_port:
+        start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=prom)
+    runtime = WorkerRuntime(
+        cfg, engine, nc, registry, tokenizer, WorkerMetrics(prom, cfg.model_name, cfg.worker_id)
+    )
+    await runtime.start()
+    await registry.register()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, registry.request_stop)
+    log.info(
+        "worker_ready",
+        worker_id=cfg.worker_id,
+        model=cfg.model_name,
+        role=cfg.role,
+        engine=choice.kind,
+    )
+    try:
+        await registry.stop_requested.wait()
+    finally:
+        await runtime.drain_and_stop()
+        await registry.deregister()
+        await nc.drain()
+        log.info("worker_stopped", worker_id=cfg.worker_id)

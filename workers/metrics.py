@@ -1,0 +1,61 @@
+"""Prometheus metrics of a worker (registry passed in, never global)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from workers.engine import EngineLoad
+from workers.request_state import ActiveRequest
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, model: str, worker_id: str) -> None:
+        labels = {"model": model, "worker_id": worker_id}
+        ns = "jetfleet_worker"
+        self.registry = registry
+        self.requests_started = Counter(
+            f"{ns}_requests_started", "Requests admitted", list(labels), registry=registry
+        ).labels(**labels)
+        self._finished = Counter(
+            f"{ns}_requests_finished",
+            "Requests ended, by finish reason",
+            [*labels, "finish_reason"],
+            registry=registry,
+        )
+        self._tokens = Counter(
+            f"{ns}_tokens", "Tokens processed", [*labels, "kind"], registry=registry
+        )
+        self._duration = Histogram(
+            f"{ns}_request_duration_seconds",
+            "Admission to last token",
+            list(labels),
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=registry,
+        ).labels(**labels)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            g = Gauge(f"{ns}_{name}", doc, list(labels), registry=registry)
+            return g.labels(**labels)
+
+        self._running = gauge("num_running", "Sequences in the running batch")
+        self._waiting = gauge("num_waiting", "Sequences waiting (incl. preempted)")
+        self._kv_usage = gauge("kv_usage", "Fraction of KV blocks in use")
+        self._preempted = gauge("num_preempted_total", "Preemptions since start")
+        self._hit_rate = gauge("prefix_cache_hit_rate", "Cached / total prompt tokens")
+        self._labels = labels
+
+    def observe_finished(self, ar: ActiveRequest, now: float) -> None:
+        reason = ar.finish_reason or ("error" if ar.error else "stop")
+        self._finished.labels(**self._labels, finish_reason=reason).inc()
+        self._tokens.labels(**self._labels, kind="prompt").inc(ar.prompt_tokens)
+        self._tokens.labels(**self._labels, kind="cached").inc(ar.cached_tokens)
+        self._tokens.labels(**self._labels, kind="generated").inc(ar.num_generated)
+        self._duration.observe(now - ar.started_at)
+
+    def observe_load(self, load: EngineLoad) -> None:
+        self._running.set(load.num_running)
+        self._waiting.set(load.num_waiting)
+        self._kv_usage.set(load.kv_usage)
+        self._preempted.set(load.num_preempted_total)
+        if load.prompt_tokens_total:
+            self._hit_rate.set(load.cached_tokens_total / load.prompt_tokens_total)

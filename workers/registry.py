@@ -1,0 +1,121 @@
+"""Discovery for one worker: model card, heartbeated registration, load reports, stop requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import socket
+import time
+from typing import Any
+
+import structlog
+from router.modelcard import LocalModel, to_model_card
+
+from schemas import ModelCard, WorkerLoad, WorkerRegistration, encode, model_token
+from schemas.discovery import WorkerStatus
+from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
+from workers.config import WorkerConfig
+from workers.engine import Engine, EngineLoad
+
+log = structlog.get_logger("jetfleet.worker")
+
+
+class Registry:
+    def __init__(self, cfg: WorkerConfig, js: Any, engine: Engine) -> None:
+        self.cfg = cfg
+        self.js = js
+        self.engine = engine
+        self.status: WorkerStatus = "ready"
+        self.stop_requested = asyncio.Event()
+        self._kv: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._started_at = time.time()
+
+    async def publish_model(self, local: LocalModel) -> ModelCard:
+        """Put tokenizer.json in the object store (if changed) and the card in the bucket."""
+        s = self.cfg.subjects
+        digest = hashlib.sha256(local.tokenizer_json).hexdigest()
+        obj_name = f"{model_token(local.name)}/tokenizer-{digest[:16]}.json"
+        store = await self.js.object_store(s.bucket_name(MODEL_FILES_STORE))
+        try:
+            await store.get_info(obj_name)
+        except Exception:  # not there yet
+            await store.put(obj_name, local.tokenizer_json)
+        card = to_model_card(local, obj_name)
+        models = await self.js.key_value(s.bucket_name(MODELS_BUCKET))
+        await models.put(model_token(local.name), encode(card))
+        return card
+
+    def registration(self) -> WorkerRegistration:
+        c, e = self.cfg, self.engine
+        return WorkerRegistration(
+            worker_id=c.worker_id,
+            model=c.model_name,
+            role=c.role,
+            engine=c.engine,
+            max_num_seqs=e.max_num_seqs,
+            num_gpu_blocks=e.num_gpu_blocks,
+            block_size=e.block_size,
+            status=self.status,
+            heartbeat_at_s=time.time(),
+            heartbeat_interval_s=c.heartbeat_interval_s,
+            ttl_s=c.ttl_s,
+            started_at_s=self._started_at,
+            host=socket.gethostname(),
+            pid=c.pid,
+        )
+
+    async def register(self) -> None:
+        self._kv = await self.js.key_value(self.cfg.subjects.bucket_name(WORKERS_BUCKET))
+        await self._kv.put(self.cfg.worker_id, encode(self.registration()))
+        self._task = asyncio.create_task(self._heartbeat(), name="heartbeat")
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+            try:
+                await self._kv.put(self.cfg.worker_id, encode(self.registration()))
+            except Exception as exc:  # NATS reconnecting: next beat retries
+                log.warning("heartbeat_failed", worker_id=self.cfg.worker_id, error=str(exc))
+
+    async def set_status(self, status: WorkerStatus) -> None:
+        self.status = status
+        if self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.put(self.cfg.worker_id, encode(self.registration()))
+
+    async def deregister(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._kv is not None:
+            with contextlib.suppress(Exception):
+                await self._kv.delete(self.cfg.worker_id)
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+    def load_report(self, load: EngineLoad) -> WorkerLoad:
+        c = self.cfg
+        hit_rate = (
+            load.cached_tokens_total / load.prompt_tokens_total if load.prompt_tokens_total else 0.0
+        )
+        return WorkerLoad(
+            worker_id=c.worker_id,
+            model=c.model_name,
+            role=c.role,
+            ts_s=time.time(),
+            num_running=load.num_running,
+            num_waiting=load.num_waiting,
+            max_num_seqs=load.max_num_seqs,
+            kv_usage=load.kv_usage,
+            num_gpu_blocks=load.num_gpu_blocks,
+            active_decode_blocks=load.active_decode_blocks,
+            active_prefill_tokens=load.active_prefill_tokens,
+            num_preempted_total=load.num_preempted_total,
+            prefix_cache_hit_rate=hit_rate,
+            step_ms=load.step_ms,
+            status=self.status,
+        )

@@ -1,0 +1,343 @@
+"""The worker runtime: NATS consumers on one side, an engine on the other.
+
+- requests arrive on the worker's own subject (an ephemeral JetStream push consumer, manual ack)
+  and on its pool subject (a shared durable pull consumer, pulled only while there is capacity);
+- each request's outputs are flushed as ``TokenChunk``s on fleet.tok.{request_id}: first token
+  and end at once, the rest every ``flush_interval_s`` (one flush task for the whole worker);
+- the request message is kept in progress while it generates and acked when it ends; a redelivered
+  message of a request already running or recently finished changes nothing;
+- cancels (core NATS) abort the request in the engine; control ops answer on fleet.ctl.{worker}.*;
+- KV events and periodic ``WorkerLoad`` reports are published; registration is heartbeated;
+- SIGTERM drains: status "draining", stop pulling, finish in-flight work, deregister, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import api
+
+from infra.deadletter import dead_letter
+from schemas import (
+    CancelRequested,
+    ControlReply,
+    ControlRequest,
+    KvEventBatch,
+    Request,
+    WireDecodeError,
+    decode,
+    encode,
+)
+from schemas.control import CONTROL_OPS
+from schemas.kv_events import KvCacheEvent
+from schemas.streams import pool_consumer
+from workers.config import WorkerConfig
+from workers.detokenize import IncrementalDetokenizer
+from workers.engine import Engine, EngineRequest
+from workers.metrics import WorkerMetrics
+from workers.registry import Registry
+from workers.request_state import ActiveRequest
+
+log = structlog.get_logger("jetfleet.worker")
+
+_RECENT_DONE = 4096  # finished (request_id, attempt) kept to ignore redeliveries
+
+
+class WorkerRuntime:
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        engine: Engine,
+        nc: Any,
+        registry: Registry,
+        tokenizer: Any,
+        metrics: WorkerMetrics,
+    ) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.registry = registry
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.subjects = cfg.subjects
+        self.log = log.bind(worker_id=cfg.worker_id, model=cfg.model_name)
+        self.active: dict[str, ActiveRequest] = {}
+        self._done: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._dirty: set[str] = set()
+        self._flush_scheduled = False
+        self._urgent_scheduled = False
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._subs: list[Any] = []
+        self._capacity = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._stopping = False
+        self._kv_event_id = 0
+        self._kv_pending: list[KvCacheEvent] = []
+        self._kv_scheduled = False
+        self._loop = asyncio.get_running_loop()
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        await self.engine.start(self._on_kv_events)
+        s, cfg = self.subjects, self.cfg
+        self._subs.append(await self.nc.subscribe(s.cancel_all(), cb=self._on_cancel))
+        self._subs.append(await self.nc.subscribe(s.ctl_worker(cfg.worker_id), cb=self._on_control))
+        own = await self.js.subscribe(
+            s.req_worker(cfg.model_name, cfg.worker_id),
+            cb=self._on_request_msg,
+            manual_ack=True,
+            config=api.ConsumerConfig(
+                ack_wait=cfg.ack_wait_s,
+                max_ack_pending=max(cfg.max_pending_requests, 1),
+                inactive_threshold=60.0,
+                deliver_policy=api.DeliverPolicy.NEW,
+            ),
+            flow_control=True,
+            idle_heartbeat=5.0,
+        )
+        self._subs.append(own)
+        self._tasks += [
+            asyncio.create_task(self._pool_loop(), name="pool"),
+            asyncio.create_task(self._in_progress_loop(), name="in-progress"),
+            asyncio.create_task(self._load_loop(), name="load"),
+        ]
+        self._capacity.set()
+        self.log.info("worker_consuming", subject=s.req_worker(cfg.model_name, cfg.worker_id))
+
+    async def drain_and_stop(self) -> None:
+        """Stop taking work, finish what is in flight (bounded), then stop the engine."""
+        self._stopping = True
+        self._capacity.set()  # wake the pool loop so it sees the stop
+        await self.registry.set_status("draining")
+        self.log.info("worker_draining", in_flight=len(self.active))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), self.cfg.drain_timeout_s)
+        for rid in list(self.active):  # drain deadline passed: abort; frontends migrate
+            self.engine.abort(rid)
+        await self._flush()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.engine.stop()
+        await self._publish_load()
+
+    # ---------------------------------------------------------------- requests in
+    async def _on_request_msg(self, msg: Any) -> None:
+        try:
+            req = decode(msg.data, Request)
+        except WireDecodeError as exc:
+            await dead_letter(self.nc, self.subjects, "worker", msg, str(exc))
+            await msg.term()
+            return
+        key = (req.request_id, req.attempt)
+        current = self.active.get(req.request_id)
+        if current is not None and current.request.attempt >= req.attempt:
+            return  # redelivery of what is running: keep it in progress, ack at the end
+        if key in self._done:
+            await msg.ack()  # redelivery of what finished: idempotent
+            return
+        if req.model != self.cfg.model_name:
+            await dead_letter(self.nc, self.subjects, "worker", msg, f"wrong model {req.model!r}")
+            await msg.term()
+            return
+        if current is not None:  # a newer attempt of a request we still run: replace it
+            self.engine.abort(req.request_id)
+        self._admit(req, msg)
+
+    def _admit(self, req: Request, msg: Any) -> None:
+        detok = IncrementalDetokenizer(self.tokenizer).step if req.detokenize else None
+        ar = ActiveRequest(req, msg, self.cfg.worker_id, detok, self._on_ready, time.monotonic())
+        self.active[req.request_id] = ar
+        self._idle.clear()
+        if len(self.active) >= self.engine.max_num_seqs:
+            self._capacity.clear()
+        self.metrics.requests_started.inc()
+        self.engine.add_request(
+            EngineRequest(
+                request_id=req.request_id,
+                token_ids=req.token_ids,
+                sampling=req.sampling,
+                lora_name=req.lora_name,
+                kv_transfer_params=req.kv_transfer_params,
+            ),
+            ar,
+        )
+
+    async def _pool_loop(self) -> None:
+        """Pull from the pool subject while there is capacity."""
+        spec = pool_consumer(self.subjects, self.cfg.model_name, self.cfg.role)
+        stream = self.subjects.stream_name("REQUESTS")
+        psub = await self.js.pull_subscribe_bind(spec.durable, stream)
+        while not self._stopping:
+            await self._capacity.wait()
+            if self._stopping:
+                break
+            free = self.engine.max_num_seqs - len(self.active)
+            if free <= 0:
+                self._capacity.clear()
+                continue
+            try:
+                msgs = await psub.fetch(batch=min(free, 32), timeout=1.0)
+            except NatsTimeoutError:
+                continue
+            except Exception as exc:  # reconnecting: back off, carry on
+                self.log.warning("pool_fetch_failed", error=str(exc))
+                await asyncio.sleep(0.5)
+                continue
+            for m in msgs:
+                await self._on_request_msg(m)
+
+    # ---------------------------------------------------------------- tokens out
+    def _on_ready(self, ar: ActiveRequest, urgent: bool) -> None:
+        self._dirty.add(ar.request.request_id)
+        if urgent and not self._urgent_scheduled:
+            self._urgent_scheduled = True
+            self._loop.call_soon(self._spawn_flush)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_later(self.cfg.flush_interval_s, self._spawn_flush)
+
+    def _spawn_flush(self) -> None:
+        self._urgent_scheduled = False
+        self._flush_scheduled = False
+        task = asyncio.ensure_future(self._flush())
+        task.add_done_callback(_log_task_error)
+
+    async def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        publish = self.nc.publish
+        tok = self.subjects.tok
+        finished: list[ActiveRequest] = []
+        for rid in dirty:
+            ar = self.active.get(rid)
+            if ar is None or not ar.has_pending():
+                continue
+            chunk = ar.take_chunk()
+            await publish(tok(rid), encode(chunk))
+            if ar.final_sent:
+                finished.append(ar)
+        for ar in finished:
+            await self._finish(ar)
+
+    async def _finish(self, ar: ActiveRequest) -> None:
+        rid = ar.request.request_id
+        if self.active.get(rid) is ar:
+            del self.active[rid]
+        self._done[(rid, ar.request.attempt)] = None
+        if len(self._done) > _RECENT_DONE:
+            self._done.popitem(last=False)
+        self.metrics.observe_finished(ar, time.monotonic())
+        if not self.active:
+            self._idle.set()
+        if not self._stopping:
+            self._capacity.set()
+        try:
+            await ar.msg.ack()
+        except Exception as exc:  # the stream may have dropped it already; nothing to redo
+            self.log.warning("ack_failed", request_id=rid, error=str(exc))
+
+    # ---------------------------------------------------------------- cancels, control
+    async def _on_cancel(self, msg: Any) -> None:
+        try:
+            cancel = decode(msg.data, CancelRequested)
+        except WireDecodeError as exc:
+            await dead_letter(self.nc, self.subjects, "worker", msg, str(exc))
+            return
+        if cancel.request_id in self.active:
+            self.log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
+            self.engine.abort(cancel.request_id)
+
+    async def _on_control(self, msg: Any) -> None:
+        op = msg.subject.rsplit(".", 1)[-1]
+        try:
+            req = decode(msg.data, ControlRequest) if msg.data else ControlRequest()
+        except WireDecodeError as exc:
+            await msg.respond(encode(ControlReply(False, f"bad control request: {exc}")))
+            return
+        if op not in CONTROL_OPS:
+            reply = ControlReply(False, f"unknown op {op!r}; known: {', '.join(CONTROL_OPS)}")
+        elif op == "drain":
+            asyncio.get_running_loop().call_soon(self.registry.request_stop)
+            reply = ControlReply(True, "draining")
+        else:
+            res = await self.engine.control(op, dict(req.args))
+            reply = ControlReply(res.ok, res.detail, dict(res.data))
+            if op == "health":
+                reply = ControlReply(
+                    res.ok,
+                    res.detail,
+                    {"in_flight": len(self.active), "status": self.registry.status},
+                )
+        if msg.reply:
+            await msg.respond(encode(reply))
+
+    # ---------------------------------------------------------------- kv events, load
+    def _on_kv_events(self, events: Sequence[KvCacheEvent]) -> None:
+        self._kv_pending.extend(events)
+        if not self._kv_scheduled:
+            self._kv_scheduled = True
+            self._loop.call_soon(self._spawn_kv_publish)
+
+    def _spawn_kv_publish(self) -> None:
+        self._kv_scheduled = False
+        events, self._kv_pending = self._kv_pending, []
+        if not events:
+            return
+        self._kv_event_id += 1
+        batch = KvEventBatch(
+            worker_id=self.cfg.worker_id,
+            model=self.cfg.model_name,
+            event_id=self._kv_event_id,
+            ts_s=time.time(),
+            events=tuple(events),
+        )
+        subject = self.subjects.kv(self.cfg.model_name, self.cfg.worker_id)
+        task = asyncio.ensure_future(self.nc.publish(subject, encode(batch)))
+        task.add_done_callback(_log_task_error)
+
+    async def _in_progress_loop(self) -> None:
+        """Keep long generations from being redelivered: touch every in-flight message."""
+        period = max(self.cfg.ack_wait_s / 3.0, 0.5)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for ar in list(self.active.values()):
+                if now - ar.started_at >= period:
+                    with contextlib.suppress(Exception):
+                        await ar.msg.in_progress()
+
+    async def _load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.load_interval_s)
+            try:
+                await self._publish_load()
+            except Exception as exc:
+                self.log.warning("load_publish_failed", error=str(exc))
+
+    async def _publish_load(self) -> None:
+        load = self.engine.load()
+        self.metrics.observe_load(load)
+        report = self.registry.load_report(load)
+        await self.nc.publish(
+            self.subjects.metrics(self.cfg.model_name, self.cfg.role, self.cfg.worker_id),
+            encode(report),
+        )
+
+
+def _log_task_error(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background_publish_failed", error=str(task.exception()))
