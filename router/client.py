@@ -224,7 +224,7 @@ class FleetClient:
     async def _wait_for_worker(self, model: str) -> None:
         deadline = time.monotonic() + self.cfg.wait_for_worker_s
         # polled: discovery has no per-model event to wait on
-        while not self.state.candidates(model, self.cfg.role):  # noqa: ASYNC110
+        while not self.state.candidates(model, self.cfg.role):
             if time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.05)
