@@ -1,0 +1,136 @@
+"""The prefix index interface, and the in-memory implementation.
+
+The index answers one question fast: for a request's chain of block hashes, how many leading
+blocks does each worker hold? It is fed ``IndexOp``s (see ``translate``) tagged with the stream
+sequence they came from, and remembers the highest sequence applied and each worker's last event
+id in the same step as the change, so a redelivered batch changes nothing and a restart resumes
+exactly.
+
+Blocks are kept per model: ``blocks[model][fleet_hash] = {worker ids}``. A match walks the chain
+and keeps only the workers still matching, stopping when none are left.
+
+``InMemoryPrefixIndex`` serves unit tests and one-process runs; ``RedisPrefixIndex`` (module
+``redis_index``) is the shared one. The contract suite in ``tests/unit/kv_contract.py`` runs
+unchanged against both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from router.kv.translate import ClearOp, IndexOp, RemoveOp, StoreOp
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    applied: bool  # False: this stream sequence was applied before (redelivery)
+    gap: bool = False  # the worker's event id jumped: entries before it may be missing
+
+
+class PrefixIndex(Protocol):
+    async def apply(
+        self, model: str, worker_id: str, event_id: int, stream_seq: int, ops: Sequence[IndexOp]
+    ) -> ApplyResult:
+        """Apply one batch's ops atomically with its stream sequence and worker event id."""
+
+    async def match(self, model: str, block_hashes: Sequence[int]) -> dict[str, int]:
+        """Worker id -> number of leading blocks of ``block_hashes`` it holds (> 0 only)."""
+
+    async def drop_worker(self, model: str, worker_id: str) -> None:
+        """Forget every block of a worker (it left discovery, or its events had a gap)."""
+
+    async def applied_seq(self) -> int:
+        """Highest stream sequence applied (0: none)."""
+
+    async def worker_mapping(self, model: str, worker_id: str) -> dict[int, int]:
+        """The worker's engine hash -> fleet hash mapping (to refill a translator cache)."""
+
+    async def workers(self, model: str) -> set[str]:
+        """Workers with at least one block or a recorded event id."""
+
+
+class InMemoryPrefixIndex:
+    def __init__(self) -> None:
+        self._blocks: dict[str, dict[int, set[str]]] = {}
+        self._maps: dict[tuple[str, str], dict[int, int]] = {}
+        self._event_ids: dict[tuple[str, str], int] = {}
+        self._seq = 0
+
+    async def apply(
+        self, model: str, worker_id: str, event_id: int, stream_seq: int, ops: Sequence[IndexOp]
+    ) -> ApplyResult:
+        if stream_seq and stream_seq <= self._seq:
+            return ApplyResult(applied=False)
+        key = (model, worker_id)
+        last = self._event_ids.get(key, 0)
+        gap = last != 0 and event_id != last + 1
+        blocks = self._blocks.setdefault(model, {})
+        mp = self._maps.setdefault(key, {})
+        for op in ops:
+            if isinstance(op, StoreOp):
+                for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True):
+                    mp[e] = f
+                    blocks.setdefault(f, set()).add(worker_id)
+            elif isinstance(op, RemoveOp):
+                for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True):
+                    mp.pop(e, None)
+                    self._discard(blocks, f, worker_id)
+            elif isinstance(op, ClearOp):
+                self._clear(model, worker_id)
+                mp = self._maps.setdefault(key, {})
+        self._event_ids[key] = max(event_id, last)
+        if stream_seq:
+            self._seq = stream_seq
+        return ApplyResult(applied=True, gap=gap)
+
+    @staticmethod
+    def _discard(blocks: dict[int, set[str]], f: int, worker_id: str) -> None:
+        holders = blocks.get(f)
+        if holders is not None:
+            holders.discard(worker_id)
+            if not holders:
+                del blocks[f]
+
+    def _clear(self, model: str, worker_id: str) -> None:
+        blocks = self._blocks.get(model, {})
+        for f in self._maps.pop((model, worker_id), {}).values():
+            self._discard(blocks, f, worker_id)
+
+    async def match(self, model: str, block_hashes: Sequence[int]) -> dict[str, int]:
+        blocks = self._blocks.get(model, {})
+        result: dict[str, int] = {}
+        active: set[str] | None = None
+        for i, h in enumerate(block_hashes):
+            holders = blocks.get(h)
+            if not holders:
+                break
+            active = set(holders) if active is None else active & holders
+            if not active:
+                break
+            for w in active:
+                result[w] = i + 1
+        return result
+
+    async def drop_worker(self, model: str, worker_id: str) -> None:
+        self._clear(model, worker_id)
+        self._event_ids.pop((model, worker_id), None)
+
+    async def applied_seq(self) -> int:
+        return self._seq
+
+    async def worker_mapping(self, model: str, worker_id: str) -> dict[int, int]:
+        return dict(self._maps.get((model, worker_id), {}))
+
+    async def workers(self, model: str) -> set[str]:
+        return {w for (m, w) in self._event_ids if m == model} | {
+            w for (m, w), mp in self._maps.items() if m == model and mp
+        }
+
+    def dump(self) -> dict[str, dict[int, frozenset[str]]]:
+        """Every model's block -> holders (for equality checks in tests and replay)."""
+        return {
+            m: {h: frozenset(ws) for h, ws in blocks.items() if ws}
+            for m, blocks in self._blocks.items()
+        }
