@@ -6,6 +6,7 @@ idempotent (``jetfleet infra init`` and every component at start-up call it).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,10 +182,8 @@ async def ensure_consumer(js: Any, stream: str, spec: ConsumerSpec) -> None:
     try:
         info = await js.consumer_info(stream, spec.durable)
     except NotFoundError:
-        try:
+        with contextlib.suppress(BadRequestError):  # created concurrently by a sibling
             await js.add_consumer(stream, cfg)
-        except BadRequestError:  # created concurrently by a sibling
-            pass
         return
     have = info.config
     if (have.ack_wait, have.max_ack_pending, have.max_deliver) != (

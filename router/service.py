@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from infra.jetstream import connect_nats, ensure_consumer, ensure_topology
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from infra.deadletter import dead_letter
+from infra.jetstream import connect_nats, ensure_consumer, ensure_topology
 from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery
 from router.fleet_state import FleetState

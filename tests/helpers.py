@@ -12,7 +12,7 @@ from typing import Any
 async def wait_for(
     condition: Callable[[], Any | Awaitable[Any]], timeout: float = 10.0, interval: float = 0.05
 ) -> Any:
-    """Poll ``condition`` (sync or async) until it returns a truthy value; fail after ``timeout``."""
+    """Poll ``condition`` (sync or async) until it is truthy; fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:

@@ -7,11 +7,11 @@ import signal
 from dataclasses import dataclass
 
 import structlog
-from infra.jetstream import connect_nats, ensure_consumer, ensure_topology
 from prometheus_client import CollectorRegistry, start_http_server
 from router.modelcard import LocalModel, load_model_dir
 from router.tokenization import ModelTokenizer
 
+from infra.jetstream import connect_nats, ensure_consumer, ensure_topology
 from schemas.streams import pool_consumer
 from workers.config import WorkerConfig
 from workers.engine import Engine

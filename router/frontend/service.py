@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import structlog
 import uvicorn
-from infra.jetstream import connect_nats, ensure_topology
 from prometheus_client import CollectorRegistry
 
+from infra.jetstream import connect_nats, ensure_topology
 from router.client import ClientConfig, FleetClient
 from router.discovery import Discovery
 from router.fleet_state import FleetState

@@ -20,7 +20,6 @@ import urllib.request
 from pathlib import Path
 
 from infra.embedded import EmbeddedNats
-
 from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
 from tests.bench.loadgen import run_level, summarize
 from tests.bench.procstat import CpuMeter

@@ -8,8 +8,8 @@ import time
 
 import httpx
 import pytest
-from infra.jetstream import connect_nats
 
+from infra.jetstream import connect_nats
 from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
 from tests.e2e.fleet import Fleet
