@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from router.kv.routing import RouteCall, RouteOutcome, pick
 from router.kv.translate import ClearOp, IndexOp, RemoveOp, StoreOp
 
 
@@ -50,6 +51,24 @@ class PrefixIndex(Protocol):
     async def workers(self, model: str) -> set[str]:
         """Workers with at least one block or a recorded event id."""
 
+    async def route(self, call: RouteCall) -> RouteOutcome:
+        """Match, score, pick and reserve in one atomic step (see ``routing``)."""
+
+    async def release(self, request_id: str, prefill_only: bool = False) -> bool:
+        """Release a reservation (or only its prefill part); False if there was none."""
+
+    async def reserved(self, model: str, worker_id: str) -> tuple[int, int]:
+        """(prefill, decode) blocks reserved on a worker right now."""
+
+
+@dataclass
+class _Reservation:
+    model: str
+    worker_id: str
+    prefill: int
+    decode: int
+    expires_ms: int
+
 
 class InMemoryPrefixIndex:
     def __init__(self) -> None:
@@ -57,6 +76,8 @@ class InMemoryPrefixIndex:
         self._maps: dict[tuple[str, str], dict[int, int]] = {}
         self._event_ids: dict[tuple[str, str], int] = {}
         self._seq = 0
+        self._res: dict[str, _Reservation] = {}
+        self._load: dict[tuple[str, str], list[int]] = {}
 
     async def apply(
         self, model: str, worker_id: str, event_id: int, stream_seq: int, ops: Sequence[IndexOp]
@@ -127,6 +148,62 @@ class InMemoryPrefixIndex:
         return {w for (m, w) in self._event_ids if m == model} | {
             w for (m, w), mp in self._maps.items() if m == model and mp
         }
+
+    async def route(self, call: RouteCall) -> RouteOutcome:
+        self._expire(call.now_ms)
+        overlap = await self.match(call.model, call.block_hashes)
+        costs: list[float] = []
+        loads: list[float] = []
+        overlaps: list[int] = []
+        for c in call.candidates:
+            p, d = self._load.get((call.model, c.worker_id), [0, 0])
+            ap = max(p, c.reported_prefill_blocks)
+            ad = max(d, c.reported_decode_blocks)
+            ov = overlap.get(c.worker_id, 0)
+            overlaps.append(ov)
+            costs.append(
+                call.prefill_weight * max(ap + call.new_blocks - ov, 0) + ad + call.new_blocks
+            )
+            loads.append(ap + ad)
+        i = pick(costs, call.temperature, call.rand)
+        winner = call.candidates[i].worker_id
+        if call.request_id:
+            await self.release(call.request_id)
+            res = _Reservation(
+                call.model,
+                winner,
+                max(call.new_blocks - overlaps[i], 0),
+                call.new_blocks,
+                call.now_ms + call.ttl_ms,
+            )
+            self._res[call.request_id] = res
+            acc = self._load.setdefault((call.model, winner), [0, 0])
+            acc[0] += res.prefill
+            acc[1] += res.decode
+        return RouteOutcome(winner, tuple(overlaps), tuple(costs), tuple(loads))
+
+    async def release(self, request_id: str, prefill_only: bool = False) -> bool:
+        res = self._res.get(request_id)
+        if res is None:
+            return False
+        acc = self._load.setdefault((res.model, res.worker_id), [0, 0])
+        acc[0] -= res.prefill
+        res.prefill = 0
+        if not prefill_only:
+            acc[1] -= res.decode
+            del self._res[request_id]
+        return True
+
+    async def reserved(self, model: str, worker_id: str) -> tuple[int, int]:
+        p, d = self._load.get((model, worker_id), [0, 0])
+        return p, d
+
+    def _expire(self, now_ms: int) -> None:
+        for rid in [r for r, v in self._res.items() if v.expires_ms <= now_ms]:
+            res = self._res.pop(rid)
+            acc = self._load[(res.model, res.worker_id)]
+            acc[0] -= res.prefill
+            acc[1] -= res.decode
 
     def dump(self) -> dict[str, dict[int, frozenset[str]]]:
         """Every model's block -> holders (for equality checks in tests and replay)."""

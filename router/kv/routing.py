@@ -1,0 +1,65 @@
+"""Types of the one-step routing call shared by both index implementations.
+
+``route`` = match the request's blocks, score every candidate with the cost below, pick the
+lowest (ties broken with the caller's random number; with a temperature, sample a softmax over
+``-cost / temperature``), and reserve the winner's predicted load — atomically.
+
+    cost = prefill_weight * max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
+           + active_decode_blocks + new_blocks
+
+``active_*`` is the larger of the reservations every router holds on the worker and the worker's
+own latest load report. The reservation (prefill: new - overlap blocks, decode: new blocks) is
+released when the request ends (its prefill part at the first token), and expires by itself
+after ``ttl_ms`` if the router that made it dies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateLoad:
+    worker_id: str
+    reported_prefill_blocks: float = 0.0
+    reported_decode_blocks: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCall:
+    model: str
+    request_id: str  # "" = score only, reserve nothing
+    block_hashes: tuple[int, ...]
+    new_blocks: int  # blocks the prompt occupies (ceil(tokens / block_size))
+    candidates: tuple[CandidateLoad, ...]
+    prefill_weight: float = 1.0
+    temperature: float = 0.0
+    rand: float = 0.0  # uniform in [0, 1): tie-break / sampling draw, from the caller
+    now_ms: int = 0
+    ttl_ms: int = 120_000
+
+
+@dataclass(frozen=True, slots=True)
+class RouteOutcome:
+    winner: str
+    overlaps: tuple[int, ...]  # per candidate, in call order
+    costs: tuple[float, ...]
+    loads: tuple[float, ...]  # active prefill + decode blocks used in the cost
+
+
+def pick(costs: list[float], temperature: float, rand: float) -> int:
+    """Index of the winner (same rule as the Lua script)."""
+    import math
+
+    best = min(costs)
+    if temperature > 0:
+        weights = [math.exp(-(c - best) / temperature) for c in costs]
+        target = rand * sum(weights)
+        acc = 0.0
+        for i, w in enumerate(weights):
+            acc += w
+            if target < acc:
+                return i
+        return len(costs) - 1
+    ties = [i for i, c in enumerate(costs) if c == best]
+    return ties[min(len(ties) - 1, int(rand * len(ties)))]
