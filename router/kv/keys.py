@@ -8,10 +8,10 @@ All keys start with ``{ns}`` (default ``jf:{subject prefix}``), so several fleet
 | ``{ns}:slotfree:{model}`` | list | freed slots |
 | ``{ns}:slotnext:{model}`` | string | next new slot |
 | ``{ns}:b:{model}:{hash}`` | string | bitmap of the slots holding block ``hash`` (16 hex digits) |
-| ``{ns}:map:{model}:{worker}`` | hash | engine hash -> fleet hash (hex), for removals and rebuilds |
+| ``{ns}:map:{model}:{worker}`` | hash | engine hash -> fleet hash (hex), for removals |
 | ``{ns}:evid:{model}`` | hash | worker id -> last applied event id |
 | ``{ns}:pos`` | hash | ``seq`` -> highest FLEET_KV stream sequence applied |
-| ``{ns}:load:{model}`` | hash | ``{worker}:p`` / ``{worker}:d`` -> reserved prefill / decode blocks |
+| ``{ns}:load:{model}`` | hash | ``{worker}:p`` / ``:d`` -> reserved prefill / decode blocks |
 | ``{ns}:r:{request}`` | hash | one reservation (worker, model, p, d); TTL = reservation TTL |
 | ``{ns}:rexp`` | zset | request id -> expiry (ms); expired reservations are released lazily |
 | ``{ns}:leader`` | string | indexer leadership lock (owner id, TTL) |
