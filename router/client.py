@@ -25,7 +25,7 @@ import structlog
 from nats.js import api
 
 from router.fleet_state import FleetState, WorkerView
-from router.policies import RouteQuery, RoutingPolicy
+from router.policies import RouteQuery, Router
 from schemas import (
     CancelRequested,
     Request,
@@ -109,6 +109,8 @@ class Generation:
                     continue
                 for chunk in await self._accept(item):
                     self.last_activity = time.monotonic()
+                    if chunk.index == 0 and self.client.router is not None:
+                        await self.client.router.first_token(self.request_id)
                     if not self.worker_id:
                         self.worker_id = chunk.worker_id  # pool routing: learn who pulled it
                     self.generated.extend(chunk.token_ids)
@@ -153,7 +155,7 @@ class FleetClient:
         nc: Any,
         subjects: Subjects,
         state: FleetState,
-        policy: RoutingPolicy | None,
+        router: Router | None,
         cfg: ClientConfig | None = None,
         on_route: Callable[[RouteDecision], None] = lambda _d: None,
     ) -> None:
@@ -161,7 +163,7 @@ class FleetClient:
         self.js = nc.jetstream()
         self.subjects = subjects
         self.state = state
-        self.policy = policy
+        self.router = router
         self.cfg = cfg or ClientConfig()
         self._on_route = on_route
         self.active: dict[str, Generation] = {}
@@ -177,15 +179,16 @@ class FleetClient:
                 await self._watchdog
 
     # ------------------------------------------------------------------ routing
-    def _route(self, request: Request, exclude: list[str]) -> tuple[str, RouteDecision | None]:
+    async def _route(
+        self, request: Request, exclude: list[str]
+    ) -> tuple[str, RouteDecision | None]:
         cands = self.state.candidates(request.model, self.cfg.role, exclude)
-        if self.policy is None:  # pool: any worker of the role pulls
-            if not cands:
-                raise NoWorkersError(f"no live worker serves model {request.model!r}")
-            return self.subjects.req_pool(request.model, self.cfg.role), None
         if not cands:
             raise NoWorkersError(f"no live worker serves model {request.model!r}")
-        decision = self.policy.choose(RouteQuery(request.model, len(request.token_ids)), cands)
+        if self.router is None:  # pool: any worker of the role pulls
+            return self.subjects.req_pool(request.model, self.cfg.role), None
+        query = RouteQuery(request.model, request.token_ids, request.request_id, request.lora_name)
+        decision = await self.router.route(query, cands)
         return self.subjects.req_worker(request.model, decision.worker_id), decision
 
     def check_capacity(self, model: str) -> None:
@@ -206,7 +209,7 @@ class FleetClient:
         """Route and publish; raises NoWorkersError / OverloadedError before anything is sent."""
         await self._wait_for_worker(request.model)
         self.check_capacity(request.model)
-        subject, decision = self._route(request, [])
+        subject, decision = await self._route(request, [])
         if decision is not None:
             request = _with_route(request, decision)
             self._on_route(decision)
@@ -238,6 +241,11 @@ class FleetClient:
         if self.active.pop(gen.request_id, None) is None:
             return
         self._count(gen.worker_id, -1)
+        if self.router is not None:
+            try:
+                await self.router.finished(gen.request_id)
+            except Exception as exc:  # the reservation expires on its own
+                log.warning("release_failed", request_id=gen.request_id, error=str(exc))
         if gen.sub is not None:
             with contextlib.suppress(Exception):
                 await gen.sub.unsubscribe()
@@ -281,7 +289,7 @@ class FleetClient:
         gen.request = new_req
         gen.next_index = 0
         try:
-            subject, decision = self._route(new_req, gen.tried)
+            subject, decision = await self._route(new_req, gen.tried)
         except NoWorkersError as exc:
             return _error_chunk(new_req, 0, f"{reason}; {exc}")
         if decision is not None:

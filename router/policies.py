@@ -26,14 +26,19 @@ from typing import Protocol
 from router.fleet_state import WorkerView
 from schemas import RouteCandidate, RouteDecision
 
-POLICY_NAMES = ("round-robin", "random", "least-loaded", "pool")
+POLICY_NAMES = ("kv", "round-robin", "random", "least-loaded", "approx", "pool")
 
 
 @dataclass(frozen=True, slots=True)
 class RouteQuery:
     model: str
-    num_prompt_tokens: int
-    block_hashes: tuple[int, ...] = ()
+    token_ids: tuple[int, ...]
+    request_id: str = ""
+    lora_name: str | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 class RoutingPolicy(Protocol):
@@ -41,6 +46,38 @@ class RoutingPolicy(Protocol):
 
     def choose(self, query: RouteQuery, candidates: Sequence[WorkerView]) -> RouteDecision:
         """Pick a winner from a non-empty candidate list."""
+
+
+class Router(Protocol):
+    """What the routing library calls: async, and told when a request's load changes."""
+
+    name: str
+
+    async def route(self, query: RouteQuery, candidates: Sequence[WorkerView]) -> RouteDecision:
+        """Pick a winner (and reserve its load, for policies that keep reservations)."""
+
+    async def first_token(self, request_id: str) -> None:
+        """The request's prefill is done."""
+
+    async def finished(self, request_id: str) -> None:
+        """The request ended (or moved away): release what was reserved for it."""
+
+
+class LocalRouter:
+    """A pure policy behind the ``Router`` interface; nothing to reserve or release."""
+
+    def __init__(self, policy: RoutingPolicy) -> None:
+        self.policy = policy
+        self.name = policy.name
+
+    async def route(self, query: RouteQuery, candidates: Sequence[WorkerView]) -> RouteDecision:
+        return self.policy.choose(query, candidates)
+
+    async def first_token(self, request_id: str) -> None:
+        return None
+
+    async def finished(self, request_id: str) -> None:
+        return None
 
 
 def _decision(
@@ -110,4 +147,6 @@ def make_policy(name: str, seed: int | None = None) -> RoutingPolicy | None:
         return LeastLoaded(seed)
     if name == "pool":
         return None
+    if name in ("kv", "approx"):
+        raise ValueError(f"{name!r} is a KV-aware router: use router.routers.build_router")
     raise ValueError(f"unknown routing policy {name!r}; choose from {', '.join(POLICY_NAMES)}")

@@ -20,11 +20,11 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from infra.deadletter import dead_letter
-from infra.jetstream import connect_nats, ensure_consumer, ensure_topology
+from infra.jetstream import connect_nats, connect_redis, ensure_consumer, ensure_topology
 from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery
 from router.fleet_state import FleetState
-from router.policies import make_policy
+from router.routers import build_router
 from schemas import (
     Request,
     RequestObservation,
@@ -43,7 +43,8 @@ log = structlog.get_logger("jetfleet.router_service")
 class RouterServiceConfig:
     nats_url: str
     subjects: Subjects = field(default_factory=Subjects)
-    router: str = "round-robin"
+    router: str = "kv"
+    redis_url: str | None = None
     client: ClientConfig = field(default_factory=lambda: ClientConfig(wait_for_worker_s=5.0))
     batch: int = 64
 
@@ -132,8 +133,11 @@ class RouterService:
 async def run_router_service(cfg: RouterServiceConfig) -> None:
     nc = await connect_nats(cfg.nats_url, name="router-service")
     await ensure_topology(nc.jetstream(), cfg.subjects)
+    redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
     state = FleetState()
-    client = FleetClient(nc, cfg.subjects, state, make_policy(cfg.router), cfg.client)
+    client = FleetClient(
+        nc, cfg.subjects, state, build_router(cfg.router, cfg.subjects, redis), cfg.client
+    )
     discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
     await discovery.start()
     client.start()

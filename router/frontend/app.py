@@ -63,6 +63,7 @@ class Frontend:
         client: FleetClient,
         metrics: FrontendMetrics,
         frontend_id: str,
+        redis: Any | None = None,
     ) -> None:
         self.cfg = cfg
         self.nc = nc
@@ -71,6 +72,7 @@ class Frontend:
         self.metrics = metrics
         self.frontend_id = frontend_id
         self.subjects = client.subjects
+        self.redis = redis  # checked by /ready when routing needs it
         self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
 
     # ------------------------------------------------------------------ ASGI entry
@@ -141,6 +143,11 @@ class Frontend:
             reasons.append("nats disconnected")
         if not self.discovery.synced.is_set():
             reasons.append("discovery not synced")
+        if self.redis is not None:
+            try:
+                await self.redis.ping()
+            except Exception as exc:
+                reasons.append(f"redis unavailable: {exc}")
         if not self._models_body()["data"]:
             reasons.append("no model has a live worker")
         status = 503 if reasons else 200
@@ -175,7 +182,9 @@ class Frontend:
         prompt = self._prompt_tokens(served, creq, chat)
         max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), served.card.context_length)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        gens = await self._start(creq.model, rid, prompt, params, max_tokens, endpoint)
+        gens = await self._start(
+            creq.model, rid, prompt, params, max_tokens, endpoint, served.card.block_size
+        )
         choices = [_Choice(g, StopMatcher(params.stop), []) for g in gens]
         shape = (ChatShape if chat else CompletionShape)(rid, int(time.time()), creq.model)
         self.metrics.in_flight.inc()
@@ -220,7 +229,14 @@ class Frontend:
             raise OpenAIError(400, str(exc), param="messages" if chat else "prompt") from None
 
     async def _start(
-        self, model: str, rid: str, prompt: list[int], params: Any, max_tokens: int, endpoint: str
+        self,
+        model: str,
+        rid: str,
+        prompt: list[int],
+        params: Any,
+        max_tokens: int,
+        endpoint: str,
+        block_size: int,
     ) -> list[Generation]:
         gens: list[Generation] = []
         now = time.time()
@@ -243,9 +259,7 @@ class Frontend:
                 )
                 gen = await self.client.generate(request)
                 if gen.decision is not None:
-                    self.metrics.route_decision.labels(gen.decision.policy).observe(
-                        gen.decision.decision_us / 1e6
-                    )
+                    self.metrics.observe_route(gen.decision, len(prompt), block_size)
                 gens.append(gen)
         except (NoWorkersError, OverloadedError) as exc:
             for g in gens:

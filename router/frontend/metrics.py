@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from schemas import RouteDecision
+
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
@@ -52,3 +54,26 @@ class FrontendMetrics:
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3),
             registry=registry,
         )
+        self.route_overlap = Histogram(
+            f"{ns}_route_overlap_blocks",
+            "Cached prompt blocks on the chosen worker",
+            ["policy"],
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=registry,
+        )
+        self.route_hit_rate = Histogram(
+            f"{ns}_route_predicted_hit_rate",
+            "Predicted share of prompt blocks cached",
+            ["policy"],
+            buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=registry,
+        )
+
+    def observe_route(self, decision: RouteDecision, prompt_tokens: int, block_size: int) -> None:
+        self.route_decision.labels(decision.policy).observe(decision.decision_us / 1e6)
+        won = next((c for c in decision.candidates if c.worker_id == decision.worker_id), None)
+        if won is not None:
+            self.route_overlap.labels(decision.policy).observe(won.overlap_blocks)
+            if prompt_tokens:
+                hit = min(won.overlap_blocks * block_size / prompt_tokens, 1.0)
+                self.route_hit_rate.labels(decision.policy).observe(hit)

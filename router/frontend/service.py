@@ -10,13 +10,14 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from infra.jetstream import connect_nats, ensure_topology
+from infra.jetstream import connect_nats, connect_redis, ensure_topology
 from router.client import ClientConfig, FleetClient
 from router.discovery import Discovery
 from router.fleet_state import FleetState
 from router.frontend.app import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
-from router.policies import make_policy
+from router.kv.router import KvRouterConfig
+from router.routers import build_router
 from schemas import Subjects
 
 log = structlog.get_logger("jetfleet.frontend")
@@ -27,7 +28,9 @@ class FrontendServiceConfig:
     nats_url: str
     host: str = "127.0.0.1"
     port: int = 8000
-    router: str = "round-robin"
+    router: str = "kv"
+    redis_url: str | None = None
+    kv: KvRouterConfig = field(default_factory=KvRouterConfig)
     subjects: Subjects = field(default_factory=Subjects)
     client: ClientConfig = field(default_factory=ClientConfig)
     http: FrontendConfig = field(default_factory=FrontendConfig)
@@ -49,13 +52,21 @@ def listening_socket(host: str, port: int) -> socket.socket:
 async def run_frontend(cfg: FrontendServiceConfig) -> None:
     nc = await connect_nats(cfg.nats_url, name=cfg.frontend_id)
     await ensure_topology(nc.jetstream(), cfg.subjects)
+    redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
     state = FleetState()
-    client = FleetClient(nc, cfg.subjects, state, make_policy(cfg.router), cfg.client)
+    router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
+    client = FleetClient(nc, cfg.subjects, state, router, cfg.client)
     discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
     await discovery.start()
     client.start()
     app = Frontend(
-        cfg.http, nc, discovery, client, FrontendMetrics(CollectorRegistry()), cfg.frontend_id
+        cfg.http,
+        nc,
+        discovery,
+        client,
+        FrontendMetrics(CollectorRegistry()),
+        cfg.frontend_id,
+        redis if cfg.router == "kv" else None,
     )
     sock = listening_socket(cfg.host, cfg.port)
     server = uvicorn.Server(
@@ -82,4 +93,6 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         await client.stop()
         await discovery.stop()
         await nc.drain()
+        if redis is not None:
+            await redis.aclose()
         log.info("frontend_stopped", frontend_id=cfg.frontend_id)

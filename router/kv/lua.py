@@ -82,6 +82,10 @@ if seq > 0 then
   local cur = tonumber(redis.call('HGET', pos, 'seq') or '0')
   if cur >= seq then return {0, 0} end
 end
+if worker == '' then  -- a message that carried nothing to apply: only the position moves
+  if seq > 0 then redis.call('HSET', pos, 'seq', seq) end
+  return {1, 0}
+end
 local slot = slot_of(ns, model, worker, true)
 local prefix = ns .. ':b:' .. model .. ':'
 local map = ns .. ':map:' .. model .. ':' .. worker

@@ -52,6 +52,9 @@ class EventTranslator:
     def __init__(self) -> None:
         self._maps: dict[str, dict[int, int]] = {}  # worker -> engine hash -> fleet hash
 
+    def knows(self, worker_id: str) -> bool:
+        return worker_id in self._maps
+
     def mapping(self, worker_id: str) -> dict[int, int]:
         return self._maps.setdefault(worker_id, {})
 

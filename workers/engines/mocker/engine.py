@@ -124,6 +124,11 @@ class MockerEngine:
             ok = self._scheduler.reset_prefix_cache()
             self._flush_kv_events()
             return ControlResult(ok, "" if ok else "blocks in use; drain first")
+        if op == "kv_resync":  # a KV indexer lost track: publish the whole cache again
+            self._flush_kv_events()
+            if self._kv_listener is not None:
+                self._kv_listener(self._scheduler.snapshot_events())
+            return ControlResult(True, "cache republished")
         if op == "sleep":
             self._sleeping = True
             return ControlResult(True, "sleeping: new steps paused")

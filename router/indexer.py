@@ -1,0 +1,293 @@
+"""The KV indexer service: FLEET_KV -> the Redis prefix index.
+
+- **Position in Redis, not in the consumer.** Every applied batch writes its stream sequence in the
+  same Lua call as the change, so on start the indexer reads ``applied_seq`` and reads the stream
+  from the next sequence with an ordered consumer (the fastest consumer nats-py has; no acks).
+  A restart resumes exactly; a batch applied twice changes nothing.
+- **Pipelined.** Messages that have arrived are taken in groups (up to ``batch_max``) and applied
+  with one Redis round trip.
+- **One writer at a time.** Several indexers may run for availability: they compete for a Redis
+  lock (``SET NX PX``, renewed every ``leader_ttl/3``); the standby takes over within the TTL and
+  resumes from the stored position, so a worker's events are never applied out of order.
+- **Gaps heal.** A batch whose event id skips, or whose parent block is unknown, makes the indexer
+  drop that worker's entries and ask the worker (control op ``kv_resync``) to publish its whole
+  cache again as ``AllBlocksCleared`` + ``BlockStored``.
+- **Departures.** A worker that leaves discovery has all its blocks dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from nats.js import api
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from infra.deadletter import dead_letter
+from infra.jetstream import connect_nats, connect_redis, ensure_topology
+from router.discovery import Discovery
+from router.fleet_state import FleetState
+from router.kv.index import ApplyResult
+from router.kv.keys import LEADER_TTL_MS, KvKeys
+from router.kv.redis_index import RedisPrefixIndex
+from router.kv.translate import EventTranslator, IndexOp
+from schemas import ControlRequest, KvEventBatch, Subjects, WireDecodeError, decode, encode
+from schemas.kv_events import BlockStored
+
+log = structlog.get_logger("jetfleet.indexer")
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    nats_url: str
+    redis_url: str
+    subjects: Subjects = field(default_factory=Subjects)
+    batch_max: int = 1024  # messages applied in one pipelined round trip
+    leader_ttl_ms: int = LEADER_TTL_MS
+    metrics_port: int = 0
+    indexer_id: str = field(default_factory=lambda: f"ix-{uuid.uuid4().hex[:8]}")
+
+
+class IndexerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ns = "jetfleet_indexer"
+        self.registry = registry
+        self.blocks = Counter(
+            f"{ns}_block_events", "Block events applied", ["kind"], registry=registry
+        )
+        self.batches = Counter(f"{ns}_batches", "KV event batches applied", registry=registry)
+        self.gaps = Counter(f"{ns}_gaps", "Event id gaps healed", registry=registry)
+        self.dead = Counter(f"{ns}_dead_letters", "Undecodable batches", registry=registry)
+        self.lag = Gauge(f"{ns}_lag_messages", "Stream messages not yet applied", registry=registry)
+        self.applied_seq = Gauge(
+            f"{ns}_applied_seq", "Last stream sequence applied", registry=registry
+        )
+        self.leader = Gauge(
+            f"{ns}_leader", "1 while this indexer holds the lock", registry=registry
+        )
+
+
+class Indexer:
+    def __init__(self, cfg: IndexerConfig, nc: Any, redis: Any, metrics: IndexerMetrics) -> None:
+        self.cfg = cfg
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.redis = redis
+        self.keys = KvKeys.for_prefix(cfg.subjects.prefix)
+        self.index = RedisPrefixIndex(redis, self.keys)
+        self.translator = EventTranslator()
+        self.metrics = metrics
+        self.worker_models: dict[str, str] = {}
+        self._renew = redis.register_script(_RENEW)
+        self.applied = 0
+        self.log = log.bind(indexer_id=cfg.indexer_id)
+
+    # ------------------------------------------------------------------ leadership
+    async def acquire(self) -> bool:
+        return bool(
+            await self.redis.set(
+                self.keys.leader, self.cfg.indexer_id, nx=True, px=self.cfg.leader_ttl_ms
+            )
+        )
+
+    async def _keep_leadership(self, lost: asyncio.Event) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.leader_ttl_ms / 3000)
+            try:
+                ok = await self._renew(
+                    keys=[self.keys.leader], args=[self.cfg.indexer_id, self.cfg.leader_ttl_ms]
+                )
+            except Exception as exc:
+                self.log.warning("leader_renew_failed", error=str(exc))
+                ok = 0
+            if not ok:
+                lost.set()
+                return
+
+    async def release_leadership(self) -> None:
+        with contextlib.suppress(Exception):
+            if await self.redis.get(self.keys.leader) == self.cfg.indexer_id.encode():
+                await self.redis.delete(self.keys.leader)
+
+    # ------------------------------------------------------------------ main loop
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if not await self.acquire():
+                self.metrics.leader.set(0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.cfg.leader_ttl_ms / 2000)
+                continue
+            self.metrics.leader.set(1)
+            self.log.info("indexer_leading")
+            lost = asyncio.Event()
+            keeper = asyncio.create_task(self._keep_leadership(lost))
+            try:
+                await self._consume(stop, lost)
+            finally:
+                keeper.cancel()
+                self.metrics.leader.set(0)
+                await self.release_leadership()
+
+    async def _consume(self, stop: asyncio.Event, lost: asyncio.Event) -> None:
+        start = await self.index.applied_seq() + 1
+        self.applied = start - 1
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def on_msg(msg: Any) -> None:
+            queue.put_nowait(msg)
+
+        sub = await self.js.subscribe(
+            self.cfg.subjects.kv_all(),
+            cb=on_msg,
+            ordered_consumer=True,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
+            ),
+        )
+        self.log.info("indexer_consuming", from_seq=start)
+        lag_task = asyncio.create_task(self._lag_loop())
+        stopper = asyncio.create_task(_first(stop, lost))
+        try:
+            while not stopper.done():
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    break
+                msgs = [getter.result()]
+                while len(msgs) < self.cfg.batch_max and not queue.empty():
+                    msgs.append(queue.get_nowait())
+                await self.apply_messages(msgs)
+        finally:
+            stopper.cancel()
+            lag_task.cancel()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def apply_messages(self, msgs: list[Any]) -> None:
+        items: list[tuple[str, str, int, int, list[IndexOp]]] = []
+        batches: list[KvEventBatch | None] = []
+        for msg in msgs:
+            seq = msg.metadata.sequence.stream
+            try:
+                batch = decode(msg.data, KvEventBatch)
+            except WireDecodeError as exc:
+                self.metrics.dead.inc()
+                await dead_letter(self.nc, self.cfg.subjects, "indexer", msg, str(exc))
+                items.append(("", "", 0, seq, []))
+                batches.append(None)
+                continue
+            ops = await self._translate(batch)
+            items.append((batch.model, batch.worker_id, batch.event_id, seq, ops or []))
+            batches.append(batch if ops is not None else None)
+            if ops is None:
+                await self._heal(batch.model, batch.worker_id, "unknown parent block", seq)
+        results = await self.index.apply_many(items)
+        for item, batch, res in zip(items, batches, results, strict=True):
+            self._count(batch, res)
+            if res.applied and res.gap and batch is not None:
+                await self._heal(batch.model, batch.worker_id, "event id gap", 0)
+            self.applied = max(self.applied, item[3])
+        self.metrics.applied_seq.set(self.applied)
+
+    def _count(self, batch: KvEventBatch | None, res: ApplyResult) -> None:
+        if batch is None or not res.applied:
+            return
+        self.metrics.batches.inc()
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                self.metrics.blocks.labels("stored").inc(len(ev.block_hashes))
+            else:
+                kind = "removed" if hasattr(ev, "block_hashes") else "cleared"
+                self.metrics.blocks.labels(kind).inc(len(getattr(ev, "block_hashes", ())) or 1)
+
+    async def _translate(self, batch: KvEventBatch) -> list[IndexOp] | None:
+        wid = batch.worker_id
+        self.worker_models[wid] = batch.model
+        if not self.translator.knows(wid):  # cold cache (start, failover): refill from Redis
+            self.translator.preload(wid, await self.index.worker_mapping(batch.model, wid))
+        tr = self.translator.translate(batch)
+        return None if tr.missing_parent else tr.ops
+
+    async def _heal(self, model: str, worker_id: str, reason: str, seq: int) -> None:
+        self.metrics.gaps.inc()
+        self.log.warning("indexer_healing_worker", worker_id=worker_id, model=model, reason=reason)
+        await self.index.drop_worker(model, worker_id, seq)
+        self.translator.forget(worker_id)
+        self.translator.preload(worker_id, {})
+        with contextlib.suppress(Exception):
+            await self.nc.publish(
+                self.cfg.subjects.ctl(worker_id, "kv_resync"), encode(ControlRequest())
+            )
+
+    async def worker_gone(self, worker_id: str) -> None:
+        model = self.worker_models.pop(worker_id, None)
+        self.translator.forget(worker_id)
+        if model is not None:
+            await self.index.drop_worker(model, worker_id)
+            self.log.info("indexer_dropped_worker", worker_id=worker_id, model=model)
+
+    async def _lag_loop(self) -> None:
+        stream = self.cfg.subjects.stream_name("KV")
+        while True:
+            with contextlib.suppress(Exception):
+                info = await self.js.stream_info(stream)
+                self.metrics.lag.set(max(info.state.last_seq - self.applied, 0))
+            await asyncio.sleep(1.0)
+
+
+async def _first(*events: asyncio.Event) -> None:
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+async def run_indexer(cfg: IndexerConfig) -> None:
+    nc = await connect_nats(cfg.nats_url, name=cfg.indexer_id)
+    await ensure_topology(nc.jetstream(), cfg.subjects)
+    redis = await connect_redis(cfg.redis_url)
+    prom = CollectorRegistry()
+    if cfg.metrics_port:
+        start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=prom)
+    indexer = Indexer(cfg, nc, redis, IndexerMetrics(prom))
+    pending: set[asyncio.Task[None]] = set()
+
+    def gone(worker_id: str) -> None:
+        task = asyncio.create_task(indexer.worker_gone(worker_id))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    discovery = Discovery(nc, cfg.subjects, FleetState(), on_worker_gone=gone)
+    await discovery.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await indexer.run(stop)
+    finally:
+        await discovery.stop()
+        await nc.drain()
+        await redis.aclose()
+        log.info(
+            "indexer_stopped",
+            indexer_id=cfg.indexer_id,
+            applied_seq=indexer.applied,
+            at=time.time(),
+        )

@@ -1,0 +1,189 @@
+"""KV block pool with prefix caching and LRU eviction; queues KV events for the service to publish.
+
+Every block has a reference count. A full block of a sequence is *committed*: it gets the fleet's
+chained hash (``schemas.hashing``) and is registered in the cache, and a ``BlockStored`` event is
+queued. When its last reference goes away, a committed block stays in the cache as a free block;
+free blocks are reused in LRU order (least recently freed first, uncommitted ones before any
+cached one), and reusing a cached block evicts it: ``BlockRemoved`` is queued. ``reset`` empties
+the cache when no block is in use (``AllBlocksCleared``). ``take_events`` drains the outbox, as
+vLLM's ``KVCacheManager.take_events()`` does; this module does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._meta: dict[int, tuple[int | None, tuple[int, ...], str | None]] = {}  # by hash
+        # free block ids, front = reused first
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self._events: list[KvCacheEvent] = []
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used / self.num_blocks
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def block_hash(self, block_id: int) -> int | None:
+        return self._hash[block_id]
+
+    def match_prefix(self, hashes: Sequence[int]) -> list[int]:
+        """Block ids of the leading ``hashes`` present in the cache (does not take them)."""
+        if not self.enable_caching:
+            return []
+        out: list[int] = []
+        for h in hashes:
+            b = self._cached.get(h)
+            if b is None:
+                break
+            out.append(b)
+        return out
+
+    # ---------------------------------------------------------------- mutations
+    def take(self, block_ids: Sequence[int]) -> None:
+        """Add a reference to blocks found by ``match_prefix`` (a cache hit)."""
+        for b in block_ids:
+            if self._ref[b] == 0:
+                del self._free[b]
+            self._ref[b] += 1
+
+    def allocate(self, n: int) -> list[int] | None:
+        """``n`` fresh blocks (evicting cached free ones, LRU first), or None if too few."""
+        if n > len(self._free):
+            return None
+        out: list[int] = []
+        evicted: list[int] = []
+        for _ in range(n):
+            b, _ = self._free.popitem(last=False)
+            h = self._hash[b]
+            if h is not None:
+                del self._cached[h]
+                del self._meta[h]
+                self._hash[b] = None
+                evicted.append(h)
+            self._ref[b] = 1
+            out.append(b)
+        if evicted:
+            self._events.append(BlockRemoved(tuple(evicted)))
+        return out
+
+    def free(self, block_ids: Sequence[int]) -> None:
+        """Drop one reference from each block; the tail of a sequence is evicted first."""
+        for b in reversed(block_ids):
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free[b] = None
+                if self._hash[b] is None:
+                    self._free.move_to_end(b, last=False)  # nothing cached: reuse first
+
+    def commit(
+        self,
+        block_ids: Sequence[int],
+        hashes: Sequence[int],
+        token_ids: Sequence[int],
+        parent_hash: int | None,
+        lora_name: str | None = None,
+    ) -> None:
+        """Register newly full blocks (``token_ids`` = their tokens, in order) in the cache."""
+        if not self.enable_caching or not block_ids:
+            return
+        bs = self.block_size
+        run_hashes: list[int] = []
+        run_start = 0
+        parent = parent_hash
+        for i, (b, h) in enumerate(zip(block_ids, hashes, strict=True)):
+            if h in self._cached or self._hash[b] is not None:
+                # the same content is cached in another block already: this copy stays private
+                self._flush_run(run_hashes, token_ids, run_start, parent, lora_name)
+                run_hashes = []
+                run_start = (i + 1) * bs
+                parent = h
+                continue
+            self._cached[h] = b
+            self._hash[b] = h
+            self._meta[h] = (
+                parent if not run_hashes else run_hashes[-1],
+                tuple(token_ids[i * bs : (i + 1) * bs]),
+                lora_name,
+            )
+            run_hashes.append(h)
+        self._flush_run(run_hashes, token_ids, run_start, parent, lora_name)
+
+    def _flush_run(
+        self,
+        hashes: list[int],
+        token_ids: Sequence[int],
+        start: int,
+        parent: int | None,
+        lora_name: str | None,
+    ) -> None:
+        if hashes:
+            end = start + len(hashes) * self.block_size
+            self._events.append(
+                BlockStored(
+                    tuple(hashes), parent, tuple(token_ids[start:end]), self.block_size, lora_name
+                )
+            )
+
+    def reset(self) -> bool:
+        """Forget every cached block; refused (False) while any block is in use."""
+        if any(self._ref):
+            return False
+        self._cached.clear()
+        self._meta.clear()
+        self._hash = [None] * self.num_blocks
+        self._events.append(AllBlocksCleared())
+        return True
+
+    def snapshot_events(self) -> list[KvCacheEvent]:
+        """The whole cache as events: ``AllBlocksCleared``, then a ``BlockStored`` per cached
+        block, parents first, for a consumer that lost track of this pool (indexer gap healing).
+        Blocks whose chain is broken (a parent evicted) are unreachable by prefix and left out."""
+        events: list[KvCacheEvent] = [AllBlocksCleared()]
+        emitted: set[int] = set()
+        broken: set[int] = set()
+        for start in list(self._meta):
+            chain: list[int] = []
+            h: int | None = start
+            while h is not None and h not in emitted and h not in broken:
+                if h not in self._meta:  # parent evicted: the whole chain below is unreachable
+                    broken.update(chain)
+                    chain = []
+                    break
+                chain.append(h)
+                h = self._meta[h][0]
+            if h is not None and h in broken:
+                broken.update(chain)
+                continue
+            for c in reversed(chain):
+                parent, tokens, lora = self._meta[c]
+                events.append(BlockStored((c,), parent, tokens, self.block_size, lora))
+                emitted.add(c)
+        return events
+
+    def take_events(self) -> list[KvCacheEvent]:
+        events, self._events = self._events, []
+        return events
