@@ -32,8 +32,12 @@ async def connect_nats(url: str, name: str, **kw: Any) -> nats.NATS:
     async def error_cb(exc: Exception) -> None:
         log.warning("nats_error", client=name, error=repr(exc))
 
+    closing = {"nc": None}
+
     async def disconnected_cb() -> None:
-        log.warning("nats_disconnected", client=name)
+        nc = closing["nc"]
+        if nc is None or not (nc.is_closed or nc.is_draining):  # not our own close
+            log.warning("nats_disconnected", client=name)
 
     async def reconnected_cb() -> None:
         log.info("nats_reconnected", client=name)
@@ -49,7 +53,17 @@ async def connect_nats(url: str, name: str, **kw: Any) -> nats.NATS:
         "pending_size": 64 << 20,
         **kw,
     }
-    return await nats.connect(url, **opts)
+    nc = await nats.connect(url, **opts)
+    closing["nc"] = nc
+    return nc
+
+
+async def close_nats(nc: Any, timeout_s: float = 5.0) -> None:
+    """Flush what was published, then close (our subscriptions are already gone by now)."""
+    with contextlib.suppress(Exception):
+        await nc.flush(timeout=timeout_s)
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 async def connect_redis(url: str) -> Any:

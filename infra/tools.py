@@ -22,6 +22,7 @@ from schemas import (
     encode,
     to_builtins,
 )
+from schemas.requests import submit_msg_id
 from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
 
 
@@ -93,7 +94,7 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
         await js.publish(
             subjects.submit(name),
             encode(request),
-            headers={"Nats-Msg-Id": f"{request.request_id}:0"},
+            headers={"Nats-Msg-Id": submit_msg_id(request.request_id)},
         )
         while True:
             chunk = decode((await sub.next_msg(timeout=120)).data, TokenChunk)

@@ -35,6 +35,7 @@ from schemas import (
     decode,
     encode,
 )
+from schemas.requests import routed_msg_id
 from schemas.subjects import Subjects
 
 log = structlog.get_logger("jetfleet.router")
@@ -200,9 +201,8 @@ class FleetClient:
 
     async def _publish(self, gen: Generation, subject: str) -> None:
         req = gen.request
-        await self.js.publish(
-            subject, encode(req), headers={"Nats-Msg-Id": f"{req.request_id}:{req.attempt}"}
-        )
+        msg_id = routed_msg_id(req.request_id, req.attempt)
+        await self.js.publish(subject, encode(req), headers={"Nats-Msg-Id": msg_id})
         gen.last_activity = time.monotonic()
 
     async def generate(self, request: Request) -> Generation:

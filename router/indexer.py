@@ -30,7 +30,7 @@ from nats.js import api
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from infra.deadletter import dead_letter
-from infra.jetstream import connect_nats, connect_redis, ensure_topology
+from infra.jetstream import close_nats, connect_nats, connect_redis, ensure_topology
 from router.discovery import Discovery
 from router.fleet_state import FleetState
 from router.kv.index import ApplyResult
@@ -283,7 +283,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
         await indexer.run(stop)
     finally:
         await discovery.stop()
-        await nc.drain()
+        await close_nats(nc)
         await redis.aclose()
         log.info(
             "indexer_stopped",

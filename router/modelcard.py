@@ -1,8 +1,19 @@
 """Load a Hugging Face-style model directory into what the fleet needs to serve it.
 
-A directory needs ``tokenizer.json``; it may have ``tokenizer_config.json`` (chat template, bos/eos
-tokens, ``model_max_length``), ``chat_template.jinja`` or ``chat_template.json``, and
-``config.json`` (context length, eos ids). The shipped default is ``infra/models/jetfleet-tiny``.
+A directory needs ``tokenizer.json``. It may also have:
+
+- ``chat_template.jinja`` or ``chat_template.json`` (these win, as in ``transformers``), else the
+  ``chat_template`` of ``tokenizer_config.json``: a string, or a list of ``{name, template}`` from
+  which "default" is picked;
+- ``tokenizer_config.json``: ``bos_token`` / ``eos_token`` (strings or ``{"content": ...}``
+  dicts) and ``model_max_length``;
+- ``config.json`` (or its ``text_config``): the context length (``max_position_embeddings``,
+  ``max_seq_len``, ``n_positions``, ``seq_length``) and ``eos_token_id``;
+- ``generation_config.json``: more ``eos_token_id``s.
+
+Context lengths outside ``(0, 10M)`` are ignored (``tokenizer_config`` often says ``1e30`` for "no
+limit"); with none found the model gets 4096. The shipped default model is
+``infra/models/jetfleet-tiny`` (see ``infra/models/build_tiny_model.py``).
 """
 
 from __future__ import annotations
@@ -24,101 +35,61 @@ _CONTEXT_KEYS = (
     "seq_length",
     "max_sequence_length",
 )
-_MAX_SANE_CONTEXT = 10_000_000  # tokenizer_config often says 1e30 for "no limit"
+_MAX_SANE_CONTEXT = 10_000_000  # tokens; larger values mean "no limit" and are ignored
+_FALLBACK_CONTEXT = 4096  # tokens, when nothing in the directory says
 
 
 class ModelDirError(ValueError):
-    pass
+    """The directory is not a usable Hugging Face-style model directory."""
 
 
 @dataclass(frozen=True)
 class LocalModel:
-    name: str
-    tokenizer_json: bytes
-    chat_template: str | None
-    context_length: int
+    """A model directory as loaded on a worker, before it is published as a ``ModelCard``."""
+
+    name: str  # served model name, as clients send it in "model"
+    tokenizer_json: bytes  # raw tokenizer.json
+    chat_template: str | None  # jinja2 source, None when the model has none
+    context_length: int  # max prompt + completion tokens
     bos_token: str | None
     eos_token: str | None
-    eos_token_ids: tuple[int, ...]
-    block_size: int
+    eos_token_ids: tuple[int, ...]  # ids that end generation
+    block_size: int  # tokens per KV block
 
 
 def default_model_dir() -> Path:
+    """The model card shipped in the repo: ``infra/models/jetfleet-tiny``."""
     return Path(str(resources.files("infra") / "models" / "jetfleet-tiny"))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelDirError(f"{path}: invalid JSON ({exc})") from exc
-    return data if isinstance(data, dict) else {}
-
-
-def _token_text(value: Any) -> str | None:
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
-def _chat_template(path: Path, tok_cfg: dict[str, Any]) -> str | None:
-    jinja = path / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text()
-    tpl: Any = _read_json(path / "chat_template.json").get("chat_template")
-    if tpl is None:
-        tpl = tok_cfg.get("chat_template")
-    if isinstance(tpl, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
-        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
-        tpl = named.get("default") or next(iter(named.values()), None)
-    return tpl if isinstance(tpl, str) else None
-
-
-def _context_length(cfg: dict[str, Any], tok_cfg: dict[str, Any]) -> int:
-    for source in (cfg, cfg.get("text_config") or {}):
-        for key in _CONTEXT_KEYS:
-            value = source.get(key)
-            if isinstance(value, int) and 0 < value < _MAX_SANE_CONTEXT:
-                return value
-    value = tok_cfg.get("model_max_length")
-    if isinstance(value, int | float) and 0 < value < _MAX_SANE_CONTEXT:
-        return int(value)
-    return 4096
-
-
-def _eos_ids(cfg: dict[str, Any]) -> tuple[int, ...]:
-    value = cfg.get("eos_token_id")
-    if isinstance(value, int):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(v for v in value if isinstance(v, int))
-    return ()
 
 
 def load_model_dir(
     path: str | Path, served_name: str | None = None, block_size: int = 16
 ) -> LocalModel:
+    """Load ``path``; ``served_name`` defaults to the directory's basename."""
     path = Path(path)
     tok_file = path / "tokenizer.json"
     if not tok_file.is_file():
-        raise ModelDirError(f"{path} has no tokenizer.json (need a Hugging Face-style model dir)")
+        raise ModelDirError(
+            f"{path} has no tokenizer.json (need a Hugging Face-style model directory)"
+        )
+    tokenizer_json = tok_file.read_bytes()
     tok_cfg = _read_json(path / "tokenizer_config.json")
     cfg = _read_json(path / "config.json")
+    eos_token = _token_text(tok_cfg.get("eos_token"))
     return LocalModel(
         name=served_name or path.resolve().name,
-        tokenizer_json=tok_file.read_bytes(),
+        tokenizer_json=tokenizer_json,
         chat_template=_chat_template(path, tok_cfg),
         context_length=_context_length(cfg, tok_cfg),
         bos_token=_token_text(tok_cfg.get("bos_token")),
-        eos_token=_token_text(tok_cfg.get("eos_token")),
-        eos_token_ids=_eos_ids(cfg),
+        eos_token=eos_token,
+        eos_token_ids=_eos_ids(path, cfg, tokenizer_json, eos_token),
         block_size=block_size,
     )
 
 
 def to_model_card(local: LocalModel, tokenizer_object: str) -> ModelCard:
+    """The wire card; ``tokenizer_object`` names ``tokenizer.json`` in the object store."""
     return ModelCard(
         name=local.name,
         context_length=local.context_length,
@@ -131,3 +102,80 @@ def to_model_card(local: LocalModel, tokenizer_object: str) -> ModelCard:
         eos_token_ids=local.eos_token_ids,
         created_at_s=time.time(),
     )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelDirError(f"{path}: invalid JSON ({exc})") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _chat_template(path: Path, tok_cfg: dict[str, Any]) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8") or None
+    tpl: Any = _read_json(path / "chat_template.json").get("chat_template")
+    if tpl is None:
+        tpl = tok_cfg.get("chat_template")
+    if isinstance(tpl, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        tpl = named.get("default") or next(iter(named.values()), None)
+    return tpl if isinstance(tpl, str) and tpl else None
+
+
+def _sane_context(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value) if 0 < value < _MAX_SANE_CONTEXT else None
+
+
+def _context_length(cfg: dict[str, Any], tok_cfg: dict[str, Any]) -> int:
+    text_cfg = cfg.get("text_config")
+    for source in (cfg, text_cfg if isinstance(text_cfg, dict) else {}):
+        for key in _CONTEXT_KEYS:
+            found = _sane_context(source.get(key))
+            if found is not None:
+                return found
+    found = _sane_context(tok_cfg.get("model_max_length"))
+    return found if found is not None else _FALLBACK_CONTEXT
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def _eos_ids(
+    path: Path, cfg: dict[str, Any], tokenizer_json: bytes, eos_token: str | None
+) -> tuple[int, ...]:
+    """eos ids from config.json, generation_config.json and the eos token's own id, deduped."""
+    found = _ids(cfg.get("eos_token_id"))
+    found += _ids(_read_json(path / "generation_config.json").get("eos_token_id"))
+    if eos_token is not None:
+        found += _ids(_token_id(tokenizer_json, eos_token))
+    return tuple(dict.fromkeys(found))
+
+
+def _token_id(tokenizer_json: bytes, token: str) -> int | None:
+    try:
+        data = json.loads(tokenizer_json)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelDirError(f"tokenizer.json: invalid JSON ({exc})") from exc
+    for added in data.get("added_tokens") or []:
+        if isinstance(added, dict) and added.get("content") == token:
+            return added.get("id")
+    vocab = (data.get("model") or {}).get("vocab")
+    return vocab.get(token) if isinstance(vocab, dict) else None

@@ -1,9 +1,15 @@
 """OpenAI request bodies: parsing (msgspec), validation, and OpenAI-style errors.
 
 Parsing is typed (msgspec): a wrong type names the field (``$.temperature`` -> param
-``temperature``). Ranges are checked after parsing. Every failure is an ``OpenAIError`` carrying
-the HTTP status and the ``{"error": {message, type, param, code}}`` body OpenAI clients expect.
-Fields the fleet cannot honour (logprobs, tools, ...) are refused with 400, never ignored.
+``temperature``, ``$.messages[0].role`` -> ``messages[0].role``). Ranges are checked after
+parsing. Every failure is an ``OpenAIError`` carrying the HTTP status and the ``{"error": {message,
+type, param, code}}`` body OpenAI clients expect. Unknown fields are ignored, as OpenAI does; known
+fields the fleet cannot honour (logprobs, tools, ...) are refused with 400 when set to anything but
+their default, never silently ignored. Most optional fields also accept ``null`` (some clients send
+every field).
+
+No HTTP code here: the frontend calls ``parse_*_request`` then ``*_generation_params``, and
+``resolve_max_tokens`` once the prompt is tokenized.
 """
 
 from __future__ import annotations
@@ -15,10 +21,17 @@ from typing import Any, Literal
 import msgspec
 
 _json_encode = msgspec.json.Encoder().encode
-_PATH = re.compile(r"\$\.([A-Za-z_]+)")
+_AT_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"missing required field `(?P<field>\w+)`")
+_INT64 = 2**63
+_TEXT_FORMAT = {"type": "text"}  # the default response_format, the only one served
+MAX_N = 16
+MAX_STOP = 4
 
 
 class OpenAIError(Exception):
+    """A failed request: HTTP ``status`` plus OpenAI's error object."""
+
     def __init__(
         self,
         status: int,
@@ -30,230 +43,139 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
+        self.type = type  # invalid_request_error | not_found_error | server_error | ...
+        self.param = param  # the offending field, e.g. "temperature" or "messages[0].role"
+        self.code = code  # e.g. "context_length_exceeded"
 
     def body(self) -> bytes:
-        return _json_encode(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.type,
-                    "param": self.param,
-                    "code": self.code,
-                }
-            }
-        )
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return _json_encode({"error": error})
+
+
+def _bad(param: str | None, message: str) -> OpenAIError:
+    return OpenAIError(400, message, param=param)
+
+
+# ---- request structs -------------------------------------------------------------------------
 
 
 class TextPart(msgspec.Struct):
-    type: str
-    text: str | None = None
+    type: str  # only "text" is served
+    text: str = ""
 
 
 class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = None  # None only for assistant messages
     name: str | None = None
     tool_call_id: str | None = None
 
 
 class StreamOptions(msgspec.Struct):
-    include_usage: bool = False
+    include_usage: bool | None = None
 
 
 class _Common(msgspec.Struct):
     model: str
     max_tokens: int | None = None
     stop: str | list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = None  # [0, 2], default 1
+    top_p: float | None = None  # (0, 1], default 1
     seed: int | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    n: int | None = None  # [1, 16], default 1
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None  # only with stream
+    ignore_eos: bool | None = None  # vLLM extension
+    min_tokens: int | None = None  # vLLM extension, >= 0
+    presence_penalty: float | None = None  # [-2, 2], accepted, not applied
+    frequency_penalty: float | None = None  # [-2, 2], accepted, not applied
     user: str | None = None
-    logprobs: Any = None
-    top_logprobs: Any = None
-    logit_bias: Any = None
-    response_format: Any = None
+    logit_bias: dict[str, float] | None = None  # refused unless empty
+    best_of: int | None = None  # refused unless 1
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = []
-    max_completion_tokens: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    max_completion_tokens: int | None = None  # wins over max_tokens
+    logprobs: bool | None = None  # refused unless false
+    top_logprobs: int | None = None  # refused unless 0
+    tools: list[Any] | None = None  # refused unless empty
+    tool_choice: Any = None  # refused unless "none" / "auto"
+    response_format: Any = None  # refused unless {"type": "text"}
 
     def messages_as_dicts(self) -> list[dict[str, Any]]:
-        return [
-            {k: v for k, v in msgspec.to_builtins(m).items() if v is not None}
-            | {"content": _content(m.content)}
-            for m in self.messages
-        ]
+        """Messages for the chat template: content always a string."""
+        return [_message_dict(m) for m in self.messages]
 
 
 class CompletionRequest(_Common):
     prompt: str | list[Any] | None = None
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    logprobs: int | None = None  # refused unless null
+    echo: bool | None = None  # refused unless false
+    suffix: str | None = None  # refused unless empty
 
     def prompt_value(self) -> str | list[int]:
-        p = self.prompt
-        if isinstance(p, str):
-            return p
-        if isinstance(p, list) and p and all(type(t) is int for t in p):
-            return list(p)  # type: ignore[arg-type]
-        if isinstance(p, list) and len(p) == 1:
-            inner = p[0]
-            if isinstance(inner, str):
-                return inner
-            if isinstance(inner, list) and inner and all(type(t) is int for t in inner):
-                return list(inner)
-        raise OpenAIError(
-            400,
-            "prompt must be a string, a list of token ids, or a list with "
-            "exactly one of those (batched prompts are not supported)",
-            param="prompt",
-        )
+        """The single prompt: text or token ids (``OpenAIError`` for batches)."""
+        value = _single_prompt(self.prompt)
+        if value is None:
+            raise _bad(
+                "prompt",
+                "prompt must be a string, a list of token ids, or a list with exactly one of "
+                "those (batched prompts are not supported)",
+            )
+        if not value:
+            raise _bad("prompt", "prompt must not be empty")
+        if isinstance(value, list) and any(t < 0 or t >= _INT64 for t in value):
+            raise _bad("prompt", "prompt token ids must be non-negative")
+        return value
 
 
-def _content(content: str | list[TextPart] | None) -> str:
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int for t in value)
+
+
+def _single_prompt(prompt: Any) -> str | list[int] | None:
+    if isinstance(prompt, str) or (_is_token_ids(prompt) and prompt):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) == 1:
+        inner = prompt[0]
+        if isinstance(inner, str) or _is_token_ids(inner):
+            return inner  # type: ignore[no-any-return]
+    return None
+
+
+def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": _content_text(m.content)}
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _content_text(content: str | list[TextPart] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    out = []
-    for part in content:
-        if part.type != "text":
-            raise OpenAIError(
-                400,
-                f"content part type {part.type!r} is not supported (text only)",
-                param="messages",
-            )
-        out.append(part.text or "")
-    return "".join(out)
+    return "".join(part.text for part in content)
+
+
+# ---- resolved parameters ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class GenerationParams:
-    max_tokens: int | None
+    """What the engine is asked to do, defaults resolved."""
+
+    max_tokens: int | None  # None: up to the context length (see resolve_max_tokens)
     temperature: float
     top_p: float
     seed: int | None
-    n: int
-    stop: tuple[str, ...]
+    n: int  # choices per request
+    stop: tuple[str, ...]  # stop strings, applied by the frontend
     ignore_eos: bool
     min_tokens: int
     stream: bool
-    include_usage: bool
-
-
-_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
-_completion_decoder = msgspec.json.Decoder(CompletionRequest)
-
-
-def _decode(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
-    if not body.strip():
-        raise OpenAIError(400, "request body is empty; expected a JSON object")
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        m = _PATH.search(text)
-        if "Expected `object`" in text and not m:
-            raise OpenAIError(400, "request body must be a JSON object") from None
-        if "missing required field" in text:
-            field = re.search(r"`(\w+)`", text)
-            raise OpenAIError(
-                400, f"missing required field: {text}", param=field.group(1) if field else None
-            ) from None
-        raise OpenAIError(
-            400, f"invalid request: {text}", param=m.group(1) if m else None
-        ) from None
-    except msgspec.DecodeError as exc:
-        raise OpenAIError(400, f"malformed JSON: {exc}") from None
-
-
-def _check_common(req: _Common, max_tokens: int | None) -> None:
-    def bad(param: str, message: str) -> OpenAIError:
-        return OpenAIError(400, message, param=param)
-
-    if not req.model:
-        raise bad("model", "model must be a non-empty string")
-    if max_tokens is not None and max_tokens < 1:
-        raise bad("max_tokens", f"max_tokens must be at least 1, got {max_tokens}")
-    if req.temperature is not None and not 0 <= req.temperature <= 2:
-        raise bad("temperature", f"temperature must be in [0, 2], got {req.temperature}")
-    if req.top_p is not None and not 0 < req.top_p <= 1:
-        raise bad("top_p", f"top_p must be in (0, 1], got {req.top_p}")
-    if not 1 <= req.n <= 16:
-        raise bad("n", f"n must be in [1, 16], got {req.n}")
-    if req.min_tokens < 0:
-        raise bad("min_tokens", "min_tokens must be >= 0")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if not -2 <= getattr(req, name) <= 2:
-            raise bad(name, f"{name} must be in [-2, 2]")
-    stops = _stops(req.stop)
-    if len(stops) > 4 or any(not s for s in stops):
-        raise bad("stop", "stop must be up to 4 non-empty strings")
-    if req.stream_options is not None and not req.stream:
-        raise bad("stream_options", "stream_options is only allowed when stream is true")
-    for name in ("logprobs", "top_logprobs", "logit_bias", "response_format"):
-        if getattr(req, name) not in (None, False, {}):
-            raise bad(name, f"{name} is not supported by this server")
-
-
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
-def _params(req: _Common, max_tokens: int | None) -> GenerationParams:
-    return GenerationParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        seed=req.seed,
-        n=req.n,
-        stop=_stops(req.stop),
-        ignore_eos=req.ignore_eos,
-        min_tokens=req.min_tokens,
-        stream=req.stream,
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
-    )
-
-
-def parse_chat_request(body: bytes) -> ChatCompletionRequest:
-    req: ChatCompletionRequest = _decode(body, _chat_decoder)
-    if not req.messages:
-        raise OpenAIError(400, "messages must be a non-empty list", param="messages")
-    _check_common(req, chat_max_tokens(req))
-    if req.tools:
-        raise OpenAIError(400, "tools are not supported by this server", param="tools")
-    for m in req.messages:
-        _content(m.content)
-    return req
-
-
-def parse_completion_request(body: bytes) -> CompletionRequest:
-    req: CompletionRequest = _decode(body, _completion_decoder)
-    if req.prompt is None:
-        raise OpenAIError(400, "prompt is required", param="prompt")
-    _check_common(req, req.max_tokens)
-    if req.echo:
-        raise OpenAIError(400, "echo is not supported by this server", param="echo")
-    if req.best_of not in (None, 1):
-        raise OpenAIError(400, "best_of is not supported by this server", param="best_of")
-    if req.suffix:
-        raise OpenAIError(400, "suffix is not supported by this server", param="suffix")
-    req.prompt_value()
-    return req
+    include_usage: bool  # final usage chunk when streaming
 
 
 def chat_max_tokens(req: ChatCompletionRequest) -> int | None:
@@ -268,17 +190,162 @@ def completion_generation_params(req: CompletionRequest) -> GenerationParams:
     return _params(req, req.max_tokens)
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, context_length: int) -> int:
-    if prompt_len >= context_length or (
-        requested is not None and prompt_len + requested > context_length
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def _params(req: _Common, max_tokens: int | None) -> GenerationParams:
+    return GenerationParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        seed=req.seed,
+        n=req.n or 1,
+        stop=_stops(req.stop),
+        ignore_eos=bool(req.ignore_eos),
+        min_tokens=req.min_tokens or 0,
+        stream=bool(req.stream),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+    )
+
+
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, context_length: int, prompt_param: str = "messages"
+) -> int:
+    """Completion budget: ``requested``, or what the context leaves; 400 if it does not fit."""
+    if prompt_len < context_length and (
+        requested is None or prompt_len + requested <= context_length
     ):
-        asked = prompt_len + (requested or 0)
-        raise OpenAIError(
-            400,
-            f"This model's maximum context length is {context_length} tokens. However, you "
-            f"requested {asked} tokens ({prompt_len} in the messages, {requested or 0} in the "
-            "completion). Please reduce the length of the messages or completion.",
-            param="messages" if requested is None or prompt_len >= context_length else "max_tokens",
-            code="context_length_exceeded",
-        )
-    return requested if requested is not None else context_length - prompt_len
+        return requested if requested is not None else context_length - prompt_len
+    completion = requested or 0
+    raise OpenAIError(
+        400,
+        f"This model's maximum context length is {context_length} tokens. However, you "
+        f"requested {prompt_len + completion} tokens ({prompt_len} in the messages, "
+        f"{completion} in the completion). Please reduce the length of the messages or "
+        "completion.",
+        param=prompt_param if requested is None or prompt_len >= context_length else "max_tokens",
+        code="context_length_exceeded",
+    )
+
+
+# ---- parsing and validation ------------------------------------------------------------------
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def parse_chat_request(body: bytes) -> ChatCompletionRequest:
+    """Decode and validate a ``/v1/chat/completions`` body."""
+    req: ChatCompletionRequest = _decode(body, _chat_decoder)
+    _check_messages(req.messages)
+    _check_common(req)
+    _check_max_tokens("max_completion_tokens", req.max_completion_tokens)
+    _refuse(req, {"logprobs": (None, False), "top_logprobs": (None, 0)})
+    _refuse(req, {"tool_choice": (None, "none", "auto"), "response_format": (None, _TEXT_FORMAT)})
+    if req.tools:
+        raise _bad("tools", "tools is not supported by this server")
+    return req
+
+
+def parse_completion_request(body: bytes) -> CompletionRequest:
+    """Decode and validate a ``/v1/completions`` body."""
+    req: CompletionRequest = _decode(body, _completion_decoder)
+    if req.prompt is None:
+        raise _bad("prompt", "Missing required parameter: 'prompt'.")
+    req.prompt_value()
+    _check_common(req)
+    _refuse(req, {"logprobs": (None,), "echo": (None, False), "suffix": (None, "")})
+    return req
+
+
+def _decode(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
+    if not body.strip():
+        raise _bad(None, "Request body is empty; expected a JSON object.")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise _bad(None, f"Request body is not valid JSON: {exc}") from None
+
+
+def _validation_error(text: str) -> OpenAIError:
+    """msgspec's ``Expected `int`, got `str` - at `$.n``` -> 400 with param ``n``."""
+    at = _AT_PATH.search(text)
+    path = at.group("path") if at else ""
+    detail = text[: at.start()] if at else text
+    missing = _MISSING.search(detail)
+    if missing:
+        param = f"{path}.{missing.group('field')}" if path else missing.group("field")
+        return _bad(param, f"Missing required parameter: '{param}'.")
+    if not path:
+        if detail.startswith("Expected `object`"):
+            return _bad(None, "Request body must be a JSON object.")
+        return _bad(None, f"Invalid request body: {detail}")
+    return _bad(path, f"Invalid value for '{path}': {detail}.")
+
+
+def _check_messages(messages: list[ChatMessage]) -> None:
+    if not messages:
+        raise _bad("messages", "messages must be a non-empty list")
+    for i, m in enumerate(messages):
+        if m.content is None and m.role != "assistant":
+            raise _bad(f"messages[{i}].content", f"content is required for role '{m.role}'")
+        for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+            if part.type != "text":
+                raise _bad(
+                    f"messages[{i}].content[{j}].type",
+                    f"content part type '{part.type}' is not supported (text only)",
+                )
+
+
+def _check_max_tokens(param: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise _bad(param, f"{param} must be at least 1, got {value}")
+
+
+def _check_range(req: _Common, name: str, low: float, high: float, low_open: bool = False) -> None:
+    value = getattr(req, name)
+    if value is None:
+        return
+    if value > high or value < low or (low_open and value == low):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise _bad(name, f"{name} must be in {interval}, got {value}")
+
+
+def _check_common(req: _Common) -> None:
+    if not req.model:
+        raise _bad("model", "model must be a non-empty string")
+    _check_max_tokens("max_tokens", req.max_tokens)
+    _check_range(req, "temperature", 0, 2)
+    _check_range(req, "top_p", 0, 1, low_open=True)
+    _check_range(req, "n", 1, MAX_N)
+    if req.min_tokens is not None and req.min_tokens < 0:
+        raise _bad("min_tokens", f"min_tokens must be >= 0, got {req.min_tokens}")
+    if req.seed is not None and not -_INT64 <= req.seed < _INT64:
+        raise _bad("seed", "seed must fit in a signed 64-bit integer")
+    _check_range(req, "presence_penalty", -2, 2)
+    _check_range(req, "frequency_penalty", -2, 2)
+    _check_stop(req.stop)
+    if req.stream_options is not None and not req.stream:
+        raise _bad("stream_options", "stream_options is only allowed when stream is true")
+    _refuse(req, {"logit_bias": (None, {}), "best_of": (None, 1)})
+
+
+def _check_stop(stop: str | list[str] | None) -> None:
+    stops = _stops(stop)
+    if len(stops) > MAX_STOP:
+        raise _bad("stop", f"stop may hold at most {MAX_STOP} strings, got {len(stops)}")
+    if any(not s for s in stops):
+        raise _bad("stop", "stop strings must be non-empty")
+
+
+def _refuse(req: msgspec.Struct, allowed: dict[str, tuple[Any, ...]]) -> None:
+    """400 "not supported" for each field set to something outside its allowed values."""
+    for name, values in allowed.items():
+        value = getattr(req, name)
+        if not any(value == v and type(value) is type(v) for v in values):
+            raise _bad(name, f"{name} is not supported by this server")

@@ -20,7 +20,13 @@ import structlog
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from infra.deadletter import dead_letter
-from infra.jetstream import connect_nats, connect_redis, ensure_consumer, ensure_topology
+from infra.jetstream import (
+    close_nats,
+    connect_nats,
+    connect_redis,
+    ensure_consumer,
+    ensure_topology,
+)
 from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery
 from router.fleet_state import FleetState
@@ -120,7 +126,7 @@ class RouterService:
         while not stop.is_set():
             try:
                 msgs = await psub.fetch(batch=self.cfg.batch, timeout=1.0)
-            except NatsTimeoutError:
+            except (NatsTimeoutError, TimeoutError):
                 continue
             except Exception as exc:
                 log.warning("router_fetch_failed", error=str(exc))
@@ -154,4 +160,4 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
     finally:
         await client.stop()
         await discovery.stop()
-        await nc.drain()
+        await close_nats(nc)

@@ -1,8 +1,20 @@
-"""Tokenizer and chat template of one model (HF ``tokenizers`` + sandboxed ``jinja2``)."""
+"""Tokenizer and chat template of one model (HF ``tokenizers`` + sandboxed ``jinja2``).
+
+The chat template renders the way ``transformers`` renders it: an ``ImmutableSandboxedEnvironment``
+with ``trim_blocks`` / ``lstrip_blocks`` and the ``loopcontrols`` extension; globals
+``raise_exception`` (raises ``ChatTemplateError``) and ``strftime_now``; a ``tojson`` filter that
+keeps non-ASCII text as is (jinja's own escapes HTML). Variables: ``messages``,
+``add_generation_prompt``, ``bos_token``, ``eos_token`` and whatever the caller adds (``tools``,
+...). The template is compiled once per tokenizer. A model without a template, a template that does
+not compile, or one that fails for given messages raises ``ChatTemplateError`` (a ``ValueError``)
+with a readable message; the frontend turns it into a 400.
+"""
 
 from __future__ import annotations
 
+import json
 import string
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -10,27 +22,48 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-_TEXT_SAFE = set(string.ascii_letters + string.digits + " .,;:!?'-")
+_TEXT_SAFE = frozenset(string.ascii_letters + string.digits + " .,;:!?'-")
 
 
 class ChatTemplateError(ValueError):
     """The model has no chat template, or rendering it failed for these messages."""
 
 
-def _raise(message: str) -> None:
+def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
-def _env() -> ImmutableSandboxedEnvironment:
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False
+) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
     )
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     return env
 
 
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile ``source`` in the sandbox; ``ChatTemplateError`` if it is not valid jinja2."""
+    try:
+        return _environment().from_string(source)
+    except jinja2.TemplateError as exc:
+        raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+
+
 class ModelTokenizer:
+    """Encode, decode and apply the chat template of one served model."""
+
     def __init__(
         self,
         tokenizer_json: bytes | str,
@@ -39,53 +72,60 @@ class ModelTokenizer:
         eos_token: str | None = None,
     ) -> None:
         raw = tokenizer_json.decode() if isinstance(tokenizer_json, bytes) else tokenizer_json
-        self.tokenizer = Tokenizer.from_str(raw)
+        self.tokenizer = Tokenizer.from_str(raw)  # the HF tokenizer, for DecodeStream
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self._template: jinja2.Template | None = None
-        if chat_template:
-            try:
-                self._template = _env().from_string(chat_template)
-            except jinja2.TemplateError as exc:
-                raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
+        self._template = compile_chat_template(chat_template) if chat_template else None
 
     @property
     def vocab_size(self) -> int:
+        """Number of ids, added (special) tokens included."""
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; special-token text in it (``<|im_start|>``) maps to its id."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any
     ) -> str:
+        """Render ``messages`` (OpenAI-style dicts) into the prompt text."""
         if self._template is None:
-            raise ChatTemplateError("this model has no chat template; use /v1/completions")
-        try:
-            return str(
-                self._template.render(
-                    messages=messages,
-                    add_generation_prompt=add_generation_prompt,
-                    bos_token=self.bos_token or "",
-                    eos_token=self.eos_token or "",
-                    **extra,
-                )
+            raise ChatTemplateError(
+                "this model has no chat template; use /v1/completions with a plain prompt"
             )
+        variables: dict[str, Any] = {
+            "bos_token": self.bos_token or "",
+            "eos_token": self.eos_token or "",
+        }
+        variables |= extra
+        variables |= {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        try:
+            return str(self._template.render(**variables))
         except ChatTemplateError:
             raise
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
+        except Exception as exc:  # a template bug must be a 400, never a 500
             raise ChatTemplateError(f"chat template failed for these messages: {exc}") from exc
 
     def text_safe_token_ids(self, limit: int = 4096) -> tuple[int, ...]:
-        """Ids that decode to plain letters, digits, space or punctuation (not special)."""
-        special = {t.content for t in self.tokenizer.get_added_tokens_decoder().values()}
+        """Up to ``limit`` non-special ids whose text is plain letters, digits, space, punctuation.
+
+        A mock engine samples from these, so what it generates reads as text.
+        """
+        special = set(self.tokenizer.get_added_tokens_decoder())
         out: list[int] = []
-        for tid in range(self.tokenizer.get_vocab_size(with_added_tokens=False)):
+        for tid in range(self.vocab_size):
+            if tid in special:
+                continue
             text = self.tokenizer.decode([tid], skip_special_tokens=True)
-            if text and text not in special and set(text) <= _TEXT_SAFE:
+            if text and set(text) <= _TEXT_SAFE:
                 out.append(tid)
                 if len(out) >= limit:
                     break

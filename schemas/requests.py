@@ -72,3 +72,13 @@ class CancelRequested(msgspec.Struct, frozen=True, omit_defaults=True):
     request_id: str
     reason: str = "client_disconnected"
     v: int = 1
+
+
+def routed_msg_id(request_id: str, attempt: int) -> str:
+    """``Nats-Msg-Id`` of a request routed to a worker or pool (one per attempt)."""
+    return f"{request_id}:{attempt}"
+
+
+def submit_msg_id(request_id: str) -> str:
+    """``Nats-Msg-Id`` of an unrouted submission (distinct from the routed copy: same stream)."""
+    return f"{request_id}:submit"

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
+
+from infra.jetstream import close_nats, connect_nats, ensure_consumer, ensure_topology
 from router.modelcard import LocalModel, load_model_dir
 from router.tokenization import ModelTokenizer
-
-from infra.jetstream import connect_nats, ensure_consumer, ensure_topology
 from schemas.streams import pool_consumer
 from workers.config import WorkerConfig
 from workers.engine import Engine
@@ -80,6 +80,7 @@ async def run_worker(
         await registry.stop_requested.wait()
     finally:
         await runtime.drain_and_stop()
+        log.info("worker_drained", worker_id=cfg.worker_id)
         await registry.deregister()
-        await nc.drain()
+        await close_nats(nc)
         log.info("worker_stopped", worker_id=cfg.worker_id)

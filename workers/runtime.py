@@ -192,7 +192,7 @@ class WorkerRuntime:
                 continue
             try:
                 msgs = await psub.fetch(batch=min(free, 32), timeout=1.0)
-            except NatsTimeoutError:
+            except (NatsTimeoutError, TimeoutError):
                 continue
             except Exception as exc:  # reconnecting: back off, carry on
                 self.log.warning("pool_fetch_failed", error=str(exc))

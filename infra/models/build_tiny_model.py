@@ -40,6 +40,7 @@ def byte_symbols() -> list[str]:
 
 
 def build(out: Path) -> None:
+    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``config.json`` into ``out``."""
     # token id == byte value, so raw bytes are valid prompts: tuple(b"hi") == (104, 105)
     vocab = {sym: b for b, sym in enumerate(byte_symbols())}
     assert set(vocab) == set(pre_tokenizers.ByteLevel.alphabet())
@@ -53,7 +54,7 @@ def build(out: Path) -> None:
         json.dumps(
             {
                 "chat_template": CHAT_TEMPLATE,
-                "bos_token": None,
+                "bos_token": "<|begin_of_text|>",
                 "eos_token": "<|im_end|>",
                 "pad_token": "<|endoftext|>",
                 "model_max_length": CONTEXT,
@@ -70,6 +71,7 @@ def build(out: Path) -> None:
                 "architectures": ["JetfleetTinyForCausalLM"],
                 "max_position_embeddings": CONTEXT,
                 "vocab_size": tok.get_vocab_size(),
+                "bos_token_id": tok.token_to_id("<|begin_of_text|>"),
                 "eos_token_id": tok.token_to_id("<|im_end|>"),
             },
             indent=2,

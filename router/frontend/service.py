@@ -10,7 +10,7 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from infra.jetstream import connect_nats, connect_redis, ensure_topology
+from infra.jetstream import close_nats, connect_nats, connect_redis, ensure_topology
 from router.client import ClientConfig, FleetClient
 from router.discovery import Discovery
 from router.fleet_state import FleetState
@@ -92,7 +92,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     finally:
         await client.stop()
         await discovery.stop()
-        await nc.drain()
+        await close_nats(nc)
         if redis is not None:
             await redis.aclose()
         log.info("frontend_stopped", frontend_id=cfg.frontend_id)

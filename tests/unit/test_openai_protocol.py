@@ -1,0 +1,283 @@
+"""OpenAI request parsing and validation: good and bad bodies, errors with status and param."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from router.openai_protocol import (
+    GenerationParams,
+    OpenAIError,
+    chat_generation_params,
+    completion_generation_params,
+    parse_chat_request,
+    parse_completion_request,
+    resolve_max_tokens,
+)
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> bytes:
+    return json.dumps({"model": "m", "messages": MSG} | fields).encode()
+
+
+def completion(**fields: Any) -> bytes:
+    return json.dumps({"model": "m", "prompt": "hi"} | fields).encode()
+
+
+def error_of(parse: Any, body: bytes) -> OpenAIError:
+    with pytest.raises(OpenAIError) as info:
+        parse(body)
+    return info.value
+
+
+GOOD_CHAT = [
+    chat(),
+    chat(max_tokens=5, temperature=0, top_p=1, seed=7, n=16, stop="x"),
+    chat(stop=["a", "b", "c", "d"], stream=True, stream_options={"include_usage": True}),
+    chat(ignore_eos=True, min_tokens=0, presence_penalty=-2, frequency_penalty=2, user="u"),
+    chat(logprobs=False, top_logprobs=0, tools=[], logit_bias={}, tool_choice="none"),
+    chat(response_format={"type": "text"}, best_of=1, unknown_field={"ignored": 1}),
+    chat(temperature=None, n=None, stream=None, stop=None, stream_options=None, seed=None),
+    chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}]),
+    chat(messages=[{"role": r, "content": "x"} for r in ("system", "developer", "user")]),
+    chat(messages=[*MSG, {"role": "assistant", "content": None}, {"role": "tool", "content": ""}]),
+]
+
+BAD_CHAT: list[tuple[str, bytes, int, str | None]] = [
+    ("empty body", b"", 400, None),
+    ("malformed json", b'{"model": "m",', 400, None),
+    ("not utf-8", b"\xff\xfe", 400, None),
+    ("array body", b"[1, 2]", 400, None),
+    ("string body", b'"hello"', 400, None),
+    ("null body", b"null", 400, None),
+    ("missing model", json.dumps({"messages": MSG}).encode(), 400, "model"),
+    ("empty model", chat(model=""), 400, "model"),
+    ("missing messages", json.dumps({"model": "m"}).encode(), 400, "messages"),
+    ("empty messages", chat(messages=[]), 400, "messages"),
+    ("bad role", chat(messages=[{"role": "bot", "content": "x"}]), 400, "messages[0].role"),
+    ("missing role", chat(messages=[{"content": "x"}]), 400, "messages[0].role"),
+    ("user content null", chat(messages=[{"role": "user"}]), 400, "messages[0].content"),
+    (
+        "image part",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        400,
+        "messages[0].content[0].type",
+    ),
+    (
+        "part text not str",
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}]),
+        400,
+        "messages[0].content[0].text",
+    ),
+    ("content number", chat(messages=[{"role": "user", "content": 3}]), 400, "messages[0].content"),
+    ("temperature type", chat(temperature="hot"), 400, "temperature"),
+    ("temperature high", chat(temperature=2.5), 400, "temperature"),
+    ("temperature negative", chat(temperature=-0.1), 400, "temperature"),
+    ("top_p zero", chat(top_p=0), 400, "top_p"),
+    ("top_p high", chat(top_p=1.01), 400, "top_p"),
+    ("n zero", chat(n=0), 400, "n"),
+    ("n high", chat(n=17), 400, "n"),
+    ("n bool", chat(n=True), 400, "n"),
+    ("n float", chat(n=1.5), 400, "n"),
+    ("max_tokens zero", chat(max_tokens=0), 400, "max_tokens"),
+    ("max_tokens string", chat(max_tokens="5"), 400, "max_tokens"),
+    ("max_completion_tokens zero", chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    ("too many stops", chat(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    ("empty stop", chat(stop=""), 400, "stop"),
+    ("empty stop in list", chat(stop=["a", ""]), 400, "stop"),
+    ("stop not str", chat(stop=[1]), 400, "stop[0]"),
+    ("seed float", chat(seed=1.5), 400, "seed"),
+    ("seed too large", chat(seed=2**64), 400, "seed"),
+    ("stream not bool", chat(stream="yes"), 400, "stream"),
+    (
+        "stream_options no stream",
+        chat(stream_options={"include_usage": True}),
+        400,
+        "stream_options",
+    ),
+    (
+        "include_usage type",
+        chat(stream=True, stream_options={"include_usage": 1}),
+        400,
+        "stream_options.include_usage",
+    ),
+    ("min_tokens negative", chat(min_tokens=-1), 400, "min_tokens"),
+    ("presence_penalty", chat(presence_penalty=3), 400, "presence_penalty"),
+    ("frequency_penalty", chat(frequency_penalty=-2.5), 400, "frequency_penalty"),
+    ("logprobs", chat(logprobs=True), 400, "logprobs"),
+    ("top_logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
+    ("tools", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("tool_choice", chat(tool_choice="required"), 400, "tool_choice"),
+    ("response_format", chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("logit_bias", chat(logit_bias={"1": 5}), 400, "logit_bias"),
+    ("best_of", chat(best_of=2), 400, "best_of"),
+    ("user type", chat(user=5), 400, "user"),
+]
+
+BAD_COMPLETION: list[tuple[str, bytes, int, str | None]] = [
+    ("missing prompt", json.dumps({"model": "m"}).encode(), 400, "prompt"),
+    ("empty prompt", completion(prompt=""), 400, "prompt"),
+    ("empty ids", completion(prompt=[]), 400, "prompt"),
+    ("batch of strings", completion(prompt=["a", "b"]), 400, "prompt"),
+    ("batch of ids", completion(prompt=[[1], [2]]), 400, "prompt"),
+    ("mixed list", completion(prompt=[1, "a"]), 400, "prompt"),
+    ("negative id", completion(prompt=[1, -2]), 400, "prompt"),
+    ("prompt number", completion(prompt=5), 400, "prompt"),
+    ("echo", completion(echo=True), 400, "echo"),
+    ("logprobs", completion(logprobs=1), 400, "logprobs"),
+    ("logprobs zero", completion(logprobs=0), 400, "logprobs"),
+    ("suffix", completion(suffix="end"), 400, "suffix"),
+    ("best_of", completion(best_of=3), 400, "best_of"),
+    ("max_tokens negative", completion(max_tokens=-1), 400, "max_tokens"),
+    ("temperature high", completion(temperature=3), 400, "temperature"),
+    ("stream_options no stream", completion(stream_options={}), 400, "stream_options"),
+]
+
+
+@pytest.mark.parametrize("body", GOOD_CHAT)
+def test_good_chat_bodies_parse(body: bytes) -> None:
+    req = parse_chat_request(body)
+    assert req.model == "m"
+    assert isinstance(chat_generation_params(req), GenerationParams)
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "status", "param"), BAD_CHAT, ids=[c[0] for c in BAD_CHAT]
+)
+def test_bad_chat_bodies(case: str, body: bytes, status: int, param: str | None) -> None:
+    err = error_of(parse_chat_request, body)
+    assert (err.status, err.param) == (status, param), err.message
+    assert err.type == "invalid_request_error"
+    assert err.message
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "status", "param"), BAD_COMPLETION, ids=[c[0] for c in BAD_COMPLETION]
+)
+def test_bad_completion_bodies(case: str, body: bytes, status: int, param: str | None) -> None:
+    err = error_of(parse_completion_request, body)
+    assert (err.status, err.param) == (status, param), err.message
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [("hi", "hi"), ([1, 2, 3], [1, 2, 3]), (["hi"], "hi"), ([[4, 5]], [4, 5]), ([7], [7])],
+)
+def test_prompt_forms(prompt: Any, expected: Any) -> None:
+    assert parse_completion_request(completion(prompt=prompt)).prompt_value() == expected
+
+
+def test_error_messages_name_the_problem() -> None:
+    assert "JSON" in error_of(parse_chat_request, b'{"model": ').message
+    assert "object" in error_of(parse_chat_request, b"[]").message
+    assert "'model'" in error_of(parse_chat_request, b'{"messages": []}').message
+    assert "temperature" in error_of(parse_chat_request, chat(temperature="x")).message
+    assert "not supported" in error_of(parse_chat_request, chat(logprobs=True)).message
+
+
+def test_error_body_is_openai_shaped() -> None:
+    err = OpenAIError(404, "The model 'x' does not exist", type="not_found_error", param="model")
+    assert json.loads(err.body()) == {
+        "error": {
+            "message": "The model 'x' does not exist",
+            "type": "not_found_error",
+            "param": "model",
+            "code": None,
+        }
+    }
+
+
+def test_chat_params_resolve_defaults() -> None:
+    params = chat_generation_params(parse_chat_request(chat()))
+    assert params == GenerationParams(
+        max_tokens=None,
+        temperature=1.0,
+        top_p=1.0,
+        seed=None,
+        n=1,
+        stop=(),
+        ignore_eos=False,
+        min_tokens=0,
+        stream=False,
+        include_usage=False,
+    )
+
+
+def test_chat_params_carry_values() -> None:
+    body = chat(
+        max_tokens=9,
+        max_completion_tokens=4,
+        temperature=0.5,
+        top_p=0.9,
+        seed=3,
+        n=2,
+        stop="END",
+        ignore_eos=True,
+        min_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    params = chat_generation_params(parse_chat_request(body))
+    assert params.max_tokens == 4  # max_completion_tokens wins
+    assert (params.temperature, params.top_p, params.seed, params.n) == (0.5, 0.9, 3, 2)
+    assert (params.stop, params.ignore_eos, params.min_tokens) == (("END",), True, 2)
+    assert (params.stream, params.include_usage) == (True, True)
+
+
+def test_completion_params() -> None:
+    req = parse_completion_request(completion(max_tokens=7, stop=["a", "b"], stream=True))
+    params = completion_generation_params(req)
+    assert (params.max_tokens, params.stop, params.stream) == (7, ("a", "b"), True)
+    assert params.include_usage is False
+
+
+def test_messages_as_dicts_flatten_text_parts() -> None:
+    messages = [
+        {
+            "role": "system",
+            "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+        },
+        {"role": "assistant", "content": None, "name": "bot"},
+    ]
+    req = parse_chat_request(chat(messages=messages))
+    assert req.messages_as_dicts() == [
+        {"role": "system", "content": "ab"},
+        {"role": "assistant", "content": "", "name": "bot"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("requested", "prompt_len", "context", "expected"),
+    [(None, 10, 100, 90), (5, 10, 100, 5), (90, 10, 100, 90), (None, 99, 100, 1)],
+)
+def test_resolve_max_tokens(
+    requested: int | None, prompt_len: int, context: int, expected: int
+) -> None:
+    assert resolve_max_tokens(requested, prompt_len, context) == expected
+
+
+@pytest.mark.parametrize(
+    ("requested", "prompt_len", "param", "total"),
+    [(91, 10, "max_tokens", 101), (None, 100, "messages", 100), (5, 120, "messages", 125)],
+)
+def test_resolve_max_tokens_rejects(
+    requested: int | None, prompt_len: int, param: str, total: int
+) -> None:
+    with pytest.raises(OpenAIError) as info:
+        resolve_max_tokens(requested, prompt_len, 100)
+    err = info.value
+    assert (err.status, err.param, err.code) == (400, param, "context_length_exceeded")
+    assert err.message.startswith(
+        f"This model's maximum context length is 100 tokens. However, you requested {total} "
+        f"tokens ({prompt_len} in the messages, {requested or 0} in the completion)."
+    )
+
+
+def test_resolve_max_tokens_prompt_param() -> None:
+    with pytest.raises(OpenAIError) as info:
+        resolve_max_tokens(None, 200, 100, prompt_param="prompt")
+    assert info.value.param == "prompt"
