@@ -7,7 +7,7 @@ to the dead-letter subject and go on.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -40,7 +40,7 @@ def decode(data: bytes, typ: type[T]) -> T:
     version = getattr(msg, "v", 1)
     if version > MAX_VERSION:
         raise WireDecodeError(f"{typ.__name__}: schema version {version} > {MAX_VERSION}")
-    return msg
+    return cast(T, msg)
 
 
 def to_json(msg: object) -> bytes:
