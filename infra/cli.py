@@ -192,9 +192,8 @@ def _frontend(args: argparse.Namespace, subjects: Any) -> int:
 
 def _worker(args: argparse.Namespace, subjects: Any) -> int:
     from router.modelcard import default_model_dir, load_model_dir
-    from workers.engines.mocker.config import MockerConfig
-
     from workers.config import WorkerConfig, new_worker_id
+    from workers.engines.mocker.config import MockerConfig
     from workers.main import EngineChoice, run_worker
 
     model_dir = Path(args.model) if args.model else default_model_dir()

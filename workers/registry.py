@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 import structlog
-from router.modelcard import LocalModel, to_model_card
 
+from router.modelcard import LocalModel, to_model_card
 from schemas import ModelCard, WorkerLoad, WorkerRegistration, encode, model_token
 from schemas.discovery import WorkerStatus
 from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
