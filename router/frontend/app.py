@@ -180,7 +180,12 @@ class Frontend:
                 code="model_not_found",
             )
         prompt = self._prompt_tokens(served, creq, chat)
-        max_tokens = resolve_max_tokens(params.max_tokens, len(prompt), served.card.context_length)
+        max_tokens = resolve_max_tokens(
+            params.max_tokens,
+            len(prompt),
+            served.card.context_length,
+            prompt_param="messages" if chat else "prompt",
+        )
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         gens = await self._start(
             creq.model, rid, prompt, params, max_tokens, endpoint, served.card.block_size
