@@ -347,13 +347,18 @@ class Frontend:
             head = shape.role_chunk(i)
             if head:
                 await asgi.send_sse(send, head)
+        pending: list[bytes] = []  # events already here go out in one write
         async for i, text, reason in self._chunks(choices):
             if reason == "error":
                 err = OpenAIError(500, choices[i].error or "generation failed", type="server_error")
-                await asgi.send_sse(send, b"data: " + err.body() + b"\n\n")
-                continue
-            if text or reason is not None:
-                await asgi.send_sse(send, shape.delta_chunk(i, text, reason))
+                pending.append(b"data: " + err.body() + b"\n\n")
+            elif text or reason is not None:
+                pending.append(shape.delta_chunk(i, text, reason))
+            if pending and not any(c.gen.queue.qsize() for c in choices):
+                await asgi.send_sse(send, b"".join(pending))
+                pending.clear()
+        if pending:
+            await asgi.send_sse(send, b"".join(pending))
         tail = shape.usage_chunk(self._usage(choices, prompt_len)) if include_usage else b""
         await asgi.end_sse(send, tail + DONE)
 

@@ -76,6 +76,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
             http="httptools",
             lifespan="off",
             access_log=False,
+            proxy_headers=False,
             log_level="warning",
             timeout_graceful_shutdown=30,
             backlog=2048,

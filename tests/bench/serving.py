@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from infra.embedded import EmbeddedNats
+from infra.logs import configure_logging
 from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
 from tests.bench.loadgen import run_level, summarize
 from tests.bench.procstat import CpuMeter
@@ -99,6 +100,7 @@ def warm_up(url: str, model: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    configure_logging("warning")  # logs to stderr; stdout carries only the JSON
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="jetfleet-bench-") as tmp:
         nats = group = None

@@ -16,7 +16,7 @@ class SeqRequest:
     lora_name: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: compared in list membership on the hot path
 class Sequence:
     req: SeqRequest
     order: int  # admission counter: the newest running sequence is preempted first
