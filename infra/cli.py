@@ -49,7 +49,20 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 def _router_args(p: argparse.ArgumentParser) -> None:
     from router.policies import POLICY_NAMES
 
-    p.add_argument("--router", choices=POLICY_NAMES, default="round-robin")
+    p.add_argument("--router", choices=POLICY_NAMES, default="kv")
+    p.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
+    p.add_argument(
+        "--kv-prefill-weight",
+        type=float,
+        default=1.0,
+        help="kv router: weight of blocks to prefill against decode load",
+    )
+    p.add_argument(
+        "--kv-temperature",
+        type=float,
+        default=0.0,
+        help="kv router: softmax temperature over costs (0 = lowest cost wins)",
+    )
     p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without a chunk")
     p.add_argument(
         "--max-waiting-per-worker",
@@ -108,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--metrics-port", type=int, default=0)
     wk.add_argument("--flush-interval-ms", type=float, default=5.0)
 
+    ix = sub.add_parser("indexer", help="KV indexer: FLEET_KV -> Redis prefix index")
+    _common(ix)
+    ix.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
+    ix.add_argument("--metrics-port", type=int, default=0)
+
     rs = sub.add_parser("router-service", help="route requests NATS clients submit")
     _common(rs)
     _router_args(rs)
@@ -154,7 +172,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "router-service":
         from router.service import RouterServiceConfig, run_router_service
 
-        _run(run_router_service(RouterServiceConfig(args.nats, subjects, args.router)))
+        cfg = RouterServiceConfig(
+            args.nats, subjects, args.router, _redis_for(args), kv=_kv_config(args)
+        )
+        _run(run_router_service(cfg))
+        return 0
+    if args.cmd == "indexer":
+        from router.indexer import IndexerConfig, run_indexer
+
+        _run(
+            run_indexer(
+                IndexerConfig(args.nats, args.redis, subjects, metrics_port=args.metrics_port)
+            )
+        )
         return 0
     if args.cmd == "publish":
         from infra.tools import publish
@@ -165,6 +195,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(_run(status(args.nats, subjects, args.json)))
     return 2
+
+
+def _redis_for(args: argparse.Namespace) -> str | None:
+    return str(args.redis) if args.router == "kv" else None
+
+
+def _kv_config(args: argparse.Namespace) -> Any:
+    from router.kv.router import KvRouterConfig
+
+    return KvRouterConfig(prefill_weight=args.kv_prefill_weight, temperature=args.kv_temperature)
 
 
 def _frontend(args: argparse.Namespace, subjects: Any) -> int:
@@ -180,6 +220,8 @@ def _frontend(args: argparse.Namespace, subjects: Any) -> int:
         host=args.host,
         port=args.port,
         router=args.router,
+        redis_url=_redis_for(args),
+        kv=_kv_config(args),
         subjects=subjects,
         client=ClientConfig(
             stall_timeout_s=args.stall_timeout, max_waiting_per_worker=args.max_waiting_per_worker

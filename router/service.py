@@ -30,6 +30,7 @@ from infra.jetstream import (
 from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery
 from router.fleet_state import FleetState
+from router.kv.router import KvRouterConfig
 from router.routers import build_router
 from schemas import (
     Request,
@@ -51,6 +52,7 @@ class RouterServiceConfig:
     subjects: Subjects = field(default_factory=Subjects)
     router: str = "kv"
     redis_url: str | None = None
+    kv: KvRouterConfig = field(default_factory=KvRouterConfig)
     client: ClientConfig = field(default_factory=lambda: ClientConfig(wait_for_worker_s=5.0))
     batch: int = 64
 
@@ -142,7 +144,7 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
     redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
     state = FleetState()
     client = FleetClient(
-        nc, cfg.subjects, state, build_router(cfg.router, cfg.subjects, redis), cfg.client
+        nc, cfg.subjects, state, build_router(cfg.router, cfg.subjects, redis, cfg.kv), cfg.client
     )
     discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
     await discovery.start()

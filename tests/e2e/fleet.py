@@ -21,6 +21,7 @@ def free_port() -> int:
 class Fleet:
     nats_url: str
     log_dir: Path
+    redis_url: str | None = None
     prefix: str = field(default_factory=lambda: f"e{uuid.uuid4().hex[:8]}")
     port: int = field(default_factory=free_port)
     group: ProcessGroup = field(init=False)
@@ -50,17 +51,31 @@ class Fleet:
         )
         return worker_id
 
-    def start_frontend(self, *extra: str) -> None:
-        self.group.start(
+    def redis_args(self) -> list[str]:
+        return ["--redis", self.redis_url] if self.redis_url else []
+
+    def start_frontend(self, *extra: str, name: str = "frontend", port: int | None = None) -> str:
+        port = port or self.port
+        argv = cli_command(
             "frontend",
-            cli_command(
-                "frontend", *self.common(), "--port", str(self.port), *self.frontend_args, *extra
-            ),
+            *self.common(),
+            *self.redis_args(),
+            "--port",
+            str(port),
+            *self.frontend_args,
+            *extra,
         )
-        wait_http_ok(f"{self.base_url}/ready", 60.0, self.group)
+        self.group.start(name, argv)
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ok(f"{url}/ready", 60.0, self.group)
+        return url
 
     def start_router_service(self, *extra: str) -> None:
-        self.group.start("router", cli_command("router-service", *self.common(), *extra))
+        argv = cli_command("router-service", *self.common(), *self.redis_args(), *extra)
+        self.group.start("router", argv)
+
+    def start_indexer(self, name: str = "indexer") -> None:
+        self.group.start(name, cli_command("indexer", *self.common(), *self.redis_args()))
 
     def kill(self, worker_id: str) -> None:
         name = worker_id.removeprefix(f"{self.prefix}-")

@@ -187,7 +187,7 @@ async def test_saturated_fleet_sheds_with_503(nats_server, tmp_path):
     f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--max-num-seqs", "2"))
     try:
         f.add_worker()
-        f.start_frontend("--max-waiting-per-worker", "1")
+        f.start_frontend("--router", "round-robin", "--max-waiting-per-worker", "1")
         async with httpx.AsyncClient(timeout=60) as client:
             body = {"model": M, "prompt": "x", "max_tokens": 100}
             rs = await asyncio.gather(

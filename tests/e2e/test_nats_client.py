@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def routed_fleet(fleet):
-    fleet.start_router_service()
+    fleet.start_router_service("--router", "round-robin")
     return fleet
 
 
