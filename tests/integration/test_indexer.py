@@ -1,0 +1,141 @@
+"""The indexer against real NATS and Redis: resume after a kill, rebuild after a flush, gaps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from infra.jetstream import connect_redis, ensure_topology
+from router.indexer import Indexer, IndexerConfig, IndexerMetrics
+from router.kv.index import InMemoryPrefixIndex
+from router.kv.translate import EventTranslator
+from schemas import ControlRequest, KvEventBatch, decode, encode
+from schemas.kv_events import BlockStored
+from tests.helpers import wait_for
+from tests.kv_events_gen import mocker_event_batches
+
+pytestmark = pytest.mark.integration
+
+
+async def reference(batches: list[KvEventBatch]) -> dict:
+    idx = InMemoryPrefixIndex()
+    tr = EventTranslator()
+    for seq, b in enumerate(batches, 1):
+        await idx.apply(b.model, b.worker_id, b.event_id, seq, tr.translate(b).ops)
+    return idx.dump()
+
+
+class Running:
+    def __init__(self, indexer: Indexer) -> None:
+        self.indexer = indexer
+        self.stop = asyncio.Event()
+        self.task = asyncio.create_task(indexer.run(self.stop))
+
+    async def halt(self, graceful: bool = True) -> None:
+        if graceful:
+            self.stop.set()
+            await asyncio.wait_for(self.task, 10)
+        else:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            await self.indexer.release_leadership()
+
+
+@pytest.fixture
+async def rig(nc, nats_url, redis_url, subjects):
+    await ensure_topology(nc.jetstream(), subjects)
+    redis = await connect_redis(redis_url)
+    cfg = IndexerConfig(nats_url, redis_url, subjects, batch_max=8, leader_ttl_ms=1500)
+
+    def make() -> Indexer:
+        return Indexer(cfg, nc, redis, IndexerMetrics(CollectorRegistry()))
+
+    yield make
+    async for key in redis.scan_iter(match=f"jf:{subjects.prefix}:*"):
+        await redis.delete(key)
+    await redis.aclose()
+
+
+async def publish_all(nc, subjects, batches) -> int:
+    js = nc.jetstream()
+    last = 0
+    for b in batches:
+        last = (await js.publish(subjects.kv(b.model, b.worker_id), encode(b))).seq
+    return last
+
+
+async def test_killed_indexer_resumes_with_an_identical_index(nc, subjects, rig):
+    batches = mocker_event_batches(requests=60)
+    assert any(type(e).__name__ == "BlockRemoved" for b in batches for e in b.events)
+    last = await publish_all(nc, subjects, batches)
+    first = Running(rig())
+    await wait_for(lambda: first.indexer.applied >= last // 2, timeout=20)
+    await first.halt(graceful=False)  # killed mid-stream
+    second = Running(rig())
+    await wait_for(lambda: second.indexer.applied >= last, timeout=20)
+    assert await second.indexer.index.applied_seq() == last
+    assert await second.indexer.index.dump() == await reference(batches)
+    await second.halt()
+
+
+async def test_flushed_redis_is_rebuilt_from_the_stream(nc, subjects, rig):
+    batches = mocker_event_batches(requests=30, seed=3)
+    last = await publish_all(nc, subjects, batches)
+    run = Running(rig())
+    await wait_for(lambda: run.indexer.applied >= last, timeout=20)
+    await run.halt()
+    redis = run.indexer.redis
+    async for key in redis.scan_iter(match=f"jf:{subjects.prefix}:*"):
+        await redis.delete(key)
+    assert await run.indexer.index.dump() == {}
+    rebuilt = Running(rig())
+    await wait_for(lambda: rebuilt.indexer.applied >= last, timeout=20)
+    assert await rebuilt.indexer.index.dump() == await reference(batches)
+    await rebuilt.halt()
+
+
+async def test_standby_takes_over_and_only_one_leads(nc, subjects, rig):
+    a, b = Running(rig()), Running(rig())
+    await wait_for(
+        lambda: a.indexer.metrics.leader._value.get() + b.indexer.metrics.leader._value.get() == 1
+    )
+    leader, standby = (a, b) if a.indexer.metrics.leader._value.get() else (b, a)
+    await leader.halt()
+    await wait_for(lambda: standby.indexer.metrics.leader._value.get() == 1, timeout=10)
+    batches = mocker_event_batches(requests=10, seed=5)
+    last = await publish_all(nc, subjects, batches)
+    await wait_for(lambda: standby.indexer.applied >= last, timeout=20)
+    await standby.halt()
+
+
+async def test_event_id_gap_drops_the_worker_and_asks_it_to_resync(nc, subjects, rig):
+    resync = await nc.subscribe(subjects.ctl("w9", "kv_resync"))
+    run = Running(rig())
+    toks = tuple(range(8))
+    from schemas.hashing import block_hashes
+
+    h = tuple(block_hashes(toks, 4))
+    ok = KvEventBatch("w9", "m", 1, 0.0, (BlockStored(h, None, toks, 4),))
+    gap = KvEventBatch("w9", "m", 5, 0.0, (BlockStored((77,), h[-1], tuple(range(8, 12)), 4),))
+    await publish_all(nc, subjects, [ok])
+    await wait_for(lambda: run.indexer.applied >= 1, timeout=10)
+    assert await run.indexer.index.match("m", h) == {"w9": 2}
+    await publish_all(nc, subjects, [gap])
+    msg = await resync.next_msg(timeout=10)
+    decode(msg.data, ControlRequest)
+    assert await run.indexer.index.match("m", h) == {}
+    await run.halt()
+
+
+async def test_undecodable_batch_is_dead_lettered_and_position_moves(nc, subjects, rig):
+    dlq = await nc.subscribe(subjects.dlq("indexer"))
+    last = (await nc.jetstream().publish(subjects.kv("m", "w1"), b"\x00garbage")).seq
+    run = Running(rig())
+    await dlq.next_msg(timeout=10)
+    await wait_for(lambda: run.indexer.applied >= last, timeout=10)
+    assert await run.indexer.index.applied_seq() == last
+    await run.halt()

@@ -1,0 +1,43 @@
+"""Real KV event streams for tests and benchmarks: mocker schedulers under shared-prefix load."""
+
+from __future__ import annotations
+
+import random
+
+from schemas.kv_events import KvEventBatch
+from workers.engines.mocker.config import MockerConfig
+from workers.engines.mocker.scheduler import Scheduler, SeqRequest
+
+
+def mocker_event_batches(
+    workers: int = 2,
+    requests: int = 40,
+    num_blocks: int = 64,
+    block_size: int = 4,
+    prefixes: int = 4,
+    prefix_tokens: int = 32,
+    model: str = "m",
+    seed: int = 0,
+) -> list[KvEventBatch]:
+    """Drive one mocker scheduler per worker with shared-prefix requests; return every batch of
+    KV events they queued (stores, evictions), in publish order, numbered per worker."""
+    rng = random.Random(seed)
+    cfg = MockerConfig(
+        num_gpu_blocks=num_blocks, block_size=block_size, max_num_seqs=4, max_num_batched_tokens=64
+    )
+    scheds = [Scheduler(cfg) for _ in range(workers)]
+    heads = [[rng.randrange(1000) for _ in range(prefix_tokens)] for _ in range(prefixes)]
+    event_ids = [0] * workers
+    out: list[KvEventBatch] = []
+    for i in range(requests):
+        w = rng.randrange(workers)
+        prompt = (*rng.choice(heads), *(rng.randrange(1000) for _ in range(rng.randint(1, 20))))
+        scheds[w].add_request(SeqRequest(f"r{i}", prompt, rng.randint(1, 8), seed=i))
+        for _ in range(rng.randint(1, 6)):
+            for k, s in enumerate(scheds):
+                s.step()
+                events = s.take_events()
+                if events:
+                    event_ids[k] += 1
+                    out.append(KvEventBatch(f"w{k}", model, event_ids[k], 0.0, tuple(events)))
+    return out
