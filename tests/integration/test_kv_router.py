@@ -1,0 +1,76 @@
+"""KV routers over a real Redis: two frontends share reservations; choices follow the cache."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from infra.jetstream import connect_redis
+from router.fleet_state import FleetState
+from router.kv.keys import KvKeys
+from router.kv.redis_index import RedisPrefixIndex
+from router.kv.router import ApproxKvRouter, KvRouter
+from router.kv.translate import StoreOp, fleet_hashes_for_prompt
+from router.policies import RouteQuery
+from schemas import WorkerRegistration
+
+pytestmark = pytest.mark.integration
+
+
+def fleet(*workers: str) -> FleetState:
+    st = FleetState()
+    for w in workers:
+        st.upsert(WorkerRegistration(w, "m", "agg", "mocker", 8, 1000, 16), 0.0)
+    return st
+
+
+@pytest.fixture
+async def two_frontends(redis_url):
+    keys = KvKeys(f"jf:t{uuid.uuid4().hex[:8]}")
+    a, b = await connect_redis(redis_url), await connect_redis(redis_url)
+    yield KvRouter(RedisPrefixIndex(a, keys), seed=1), KvRouter(RedisPrefixIndex(b, keys), seed=2)
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_frontends_see_each_others_reservations(two_frontends):
+    ra, rb = two_frontends
+    st = fleet("w1", "w2")
+    prompt = tuple(range(160))  # 10 blocks
+    d1 = await ra.route(RouteQuery("m", prompt, "req-1"), st.candidates("m"))
+    # frontend B routes the same prompt: A's reservation weighs on the worker A chose
+    d2 = await rb.route(RouteQuery("m", prompt, "req-2"), st.candidates("m"))
+    assert d2.worker_id != d1.worker_id
+    loads = {c.worker_id: c.load for c in d2.candidates}
+    assert loads[d1.worker_id] == 20.0  # 10 prefill + 10 decode blocks reserved by A
+    await ra.finished("req-1")
+    d3 = await rb.route(RouteQuery("m", prompt, "req-3"), st.candidates("m"))
+    assert {c.worker_id: c.load for c in d3.candidates}[d1.worker_id] == 0.0
+    await rb.finished("req-2")
+    await rb.finished("req-3")
+
+
+async def test_kv_router_follows_the_cached_prefix(two_frontends):
+    ra, _ = two_frontends
+    st = fleet("w1", "w2", "w3")
+    prompt = tuple(range(320))
+    hashes = tuple(fleet_hashes_for_prompt(prompt, 16))
+    await ra.index.apply("m", "w3", 1, 0, [StoreOp("w3", hashes, hashes)])
+    d = await ra.route(RouteQuery("m", (*prompt, 7, 8, 9), "req-x"), st.candidates("m"))
+    assert d.worker_id == "w3" and d.policy == "kv"
+    assert {c.worker_id: c.overlap_blocks for c in d.candidates} == {"w1": 0, "w2": 0, "w3": 20}
+    await ra.first_token("req-x")
+    assert await ra.index.reserved("m", "w3") == (0, 21)
+    await ra.finished("req-x")
+    assert await ra.index.reserved("m", "w3") == (0, 0)
+
+
+async def test_approx_router_keeps_prefix_affinity_without_events():
+    router = ApproxKvRouter(seed=0)
+    st = fleet("w1", "w2", "w3")
+    first = await router.route(RouteQuery("m", tuple(range(256))), st.candidates("m"))
+    again = await router.route(RouteQuery("m", (*range(256), 1, 2)), st.candidates("m"))
+    assert again.worker_id == first.worker_id
+    won = next(c for c in again.candidates if c.worker_id == again.worker_id)
+    assert won.overlap_blocks == 16
