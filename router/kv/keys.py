@@ -7,8 +7,8 @@ All keys start with ``{ns}`` (default ``jf:{subject prefix}``), so several fleet
 | ``{ns}:slot:{model}`` | hash | worker id -> bit slot (small int, reused after a worker leaves) |
 | ``{ns}:slotfree:{model}`` | list | freed slots |
 | ``{ns}:slotnext:{model}`` | string | next new slot |
-| ``{ns}:b:{model}:{hash}`` | string | bitmap of the slots holding block ``hash`` (16 hex digits) |
-| ``{ns}:map:{model}:{worker}`` | hash | engine hash -> fleet hash (hex), for removals |
+| ``{ns}:b:{model}:{hash}`` | string | bitmap of the slots holding block ``hash`` (8 raw bytes) |
+| ``{ns}:map:{model}:{worker}`` | hash | engine hash -> fleet hash (8 raw bytes each) |
 | ``{ns}:evid:{model}`` | hash | worker id -> last applied event id |
 | ``{ns}:pos`` | hash | ``seq`` -> highest FLEET_KV stream sequence applied |
 | ``{ns}:load:{model}`` | hash | ``{worker}:p`` / ``:d`` -> reserved prefill / decode blocks |
@@ -22,14 +22,22 @@ slots still matching (Lua's ``bit`` library on single bytes), which keeps the sc
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 RESERVATION_TTL_MS = 120_000  # a reservation not released within this expires on its own
 LEADER_TTL_MS = 5_000  # an indexer leader that stops renewing loses the lock after this
 
 
-def hex64(h: int) -> str:
-    return f"{h & 0xFFFFFFFFFFFFFFFF:016x}"
+def pack_hashes(hashes: Sequence[int]) -> bytes:
+    """Block hashes as one argument: 8 raw big-endian bytes each (one arg, not one per hash:
+    redis-py spends microseconds per argument, Lua slices the blob for free)."""
+    return struct.pack(f">{len(hashes)}Q", *hashes)
+
+
+def unpack_hash(raw: bytes) -> int:
+    return int.from_bytes(raw, "big")
 
 
 @dataclass(frozen=True)

@@ -17,34 +17,66 @@ local function slot_of(ns, model, worker, create)
   return s
 end
 
--- walk(prefix, first_argv, n_hash, cands) -> overlap[cand_index] = leading blocks held.
--- cands: list of {byte_index, mask, cand_index}; only slots still matching are tested.
-local function walk(prefix, first, n_hash, cands)
-  local overlap = {}
-  local active = cands
-  local i = 0
-  local chunk = 16
-  while i < n_hash and #active > 0 do
+-- walk(prefix, blob, n_hash, cands) -> overlap[cand_index] = leading blocks held.
+-- blob: the request's block hashes, 8 raw bytes each (big-endian), in one argument.
+-- cands: list of {byte_index, mask, cand_index}. Slots are grouped by the bitmap byte they live
+-- in, so each block costs one string.byte + bit.band per byte that still has a matching slot
+-- (8 slots a byte); a slot's overlap is written once, when it stops matching.
+local function walk(prefix, blob, n_hash, cands)
+  local overlap, idxs, masks, owner = {}, {}, {}, {}
+  for _, c in ipairs(cands) do
+    local bi = c[1]
+    if masks[bi] == nil then
+      masks[bi] = 0
+      idxs[#idxs + 1] = bi
+      owner[bi] = {}
+    end
+    masks[bi] = bit.bor(masks[bi], c[2])
+    owner[bi][c[2]] = c[3]
+  end
+  local n_active = #idxs
+  local i, chunk, prev = 0, 16, nil
+  while i < n_hash and n_active > 0 do
     local hi = math.min(i + chunk, n_hash)
     local keys = {}
-    for j = i + 1, hi do keys[#keys + 1] = prefix .. ARGV[first + j - 1] end
+    for j = i + 1, hi do keys[#keys + 1] = prefix .. string.sub(blob, 8 * j - 7, 8 * j) end
     local vals = redis.call('MGET', unpack(keys))
     for j = 1, #vals do
       local v = vals[j]
-      if not v then active = {} break end
-      local nxt = {}
-      for _, c in ipairs(active) do
-        local b = string.byte(v, c[1])
-        if b and bit.band(b, c[2]) ~= 0 then
-          nxt[#nxt + 1] = c
-          overlap[c[3]] = i + j
+      local pos = i + j - 1
+      local k = 1
+      if v and v == prev then k = n_active + 1 end  -- same holders as the block before
+      prev = v
+      while k <= n_active do
+        local bi = idxs[k]
+        local m = masks[bi]
+        local nm = 0
+        if v then nm = bit.band(string.byte(v, bi) or 0, m) end
+        if nm ~= m then
+          local dropped = bit.band(m, bit.bnot(nm))
+          for b, ci in pairs(owner[bi]) do
+            if bit.band(dropped, b) ~= 0 then overlap[ci] = pos end
+          end
+          masks[bi] = nm
+          if nm == 0 then
+            idxs[k] = idxs[n_active]
+            idxs[n_active] = nil
+            n_active = n_active - 1
+            k = k - 1
+          end
         end
+        k = k + 1
       end
-      active = nxt
-      if #active == 0 then break end
+      if n_active == 0 then break end
     end
     i = hi
     chunk = chunk * 4
+  end
+  for k = 1, n_active do
+    local bi = idxs[k]
+    for b, ci in pairs(owner[bi]) do
+      if bit.band(masks[bi], b) ~= 0 then overlap[ci] = n_hash end
+    end
   end
   return overlap
 end
@@ -71,7 +103,8 @@ local function expire_reservations(ns, now)
 end
 """
 
-# ARGV: ns, model, worker, event_id, stream_seq, then ops: 'S' n e1 f1 .. en fn | 'R' n .. | 'C'
+# ARGV: ns, model, worker, event_id, stream_seq, then ops: 'S' engine_blob fleet_blob |
+#       'R' engine_blob fleet_blob | 'C' (blobs: 8 raw bytes a hash, in the same order)
 APPLY = (
     _COMMON
     + r"""
@@ -109,10 +142,10 @@ while i <= #ARGV do
     redis.call('DEL', map)
     i = i + 1
   else
-    local n = tonumber(ARGV[i + 1])
+    local eb, fb = ARGV[i + 1], ARGV[i + 2]
     local fields = {}
-    for k = 0, n - 1 do
-      local e, f = ARGV[i + 2 + 2 * k], ARGV[i + 3 + 2 * k]
+    for k = 1, #fb / 8 do
+      local e, f = string.sub(eb, 8 * k - 7, 8 * k), string.sub(fb, 8 * k - 7, 8 * k)
       if op == 'S' then
         redis.call('SETBIT', prefix .. f, slot, 1)
         fields[#fields + 1] = e
@@ -131,7 +164,7 @@ while i <= #ARGV do
       if op == 'S' then redis.call('HSET', map, unpack(fields))
       else redis.call('HDEL', map, unpack(fields)) end
     end
-    i = i + 2 + 2 * n
+    i = i + 3
   end
 end
 if event_id > last then redis.call('HSET', evid, worker, event_id) end
@@ -167,11 +200,12 @@ return #all
 """
 )
 
-# ARGV: ns, model, n_hash, hashes... -> flat {worker, blocks, worker, blocks, ...}
+# ARGV: ns, model, hash_blob -> flat {worker, blocks, worker, blocks, ...}
 MATCH = (
     _COMMON
     + r"""
-local ns, model, n_hash = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local ns, model, blob = ARGV[1], ARGV[2], ARGV[3]
+local n_hash = #blob / 8
 local slots = redis.call('HGETALL', ns .. ':slot:' .. model)
 local cands, names = {}, {}
 for k = 1, #slots, 2 do
@@ -179,11 +213,13 @@ for k = 1, #slots, 2 do
   cands[#cands + 1] = {t[1], t[2], #cands + 1}
   names[#names + 1] = slots[k]
 end
-local overlap = walk(ns .. ':b:' .. model .. ':', 4, n_hash, cands)
+local overlap = walk(ns .. ':b:' .. model .. ':', blob, n_hash, cands)
 local out = {}
 for idx, blocks in pairs(overlap) do
-  out[#out + 1] = names[idx]
-  out[#out + 1] = blocks
+  if blocks > 0 then
+    out[#out + 1] = names[idx]
+    out[#out + 1] = blocks
+  end
 end
 return out
 """
@@ -191,26 +227,26 @@ return out
 
 # One atomic routing step: expire old reservations, match, score every candidate, pick, reserve.
 # ARGV: ns, model, request_id, now_ms, ttl_ms, prefill_weight, temperature, rand01, new_blocks,
-#       n_cand, n_hash, then per candidate (worker, reported_prefill_blocks,
-#       reported_decode_blocks), then the request's block hashes.
-# Returns {winner_index, overlap_1..n, "cost_1".."cost_n", "load_1".."load_n"}.
+#       candidates ("worker\tprefill_blocks\tdecode_blocks\n" per candidate), hash_blob.
+# Returns {winner_index, "overlap,..", "cost,..", "load,.."} (one string each: cheap to return).
 ROUTE = (
     _COMMON
     + r"""
 local ns, model, rid = ARGV[1], ARGV[2], ARGV[3]
 local now, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local pw, temp, rnd = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local new_blocks, n_cand, n_hash = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local new_blocks, blob = tonumber(ARGV[9]), ARGV[11]
+local n_hash = #blob / 8
 expire_reservations(ns, now)
 local workers, rep_p, rep_d, fields = {}, {}, {}, {}
-for c = 1, n_cand do
-  local base = 12 + (c - 1) * 3
-  workers[c] = ARGV[base]
-  rep_p[c] = tonumber(ARGV[base + 1])
-  rep_d[c] = tonumber(ARGV[base + 2])
-  fields[#fields + 1] = ARGV[base] .. ':p'
-  fields[#fields + 1] = ARGV[base] .. ':d'
+for w, p, d in string.gmatch(ARGV[10], "([^\t\n]+)\t([^\t\n]+)\t([^\t\n]+)\n") do
+  workers[#workers + 1] = w
+  rep_p[#workers] = tonumber(p)
+  rep_d[#workers] = tonumber(d)
+  fields[#fields + 1] = w .. ':p'
+  fields[#fields + 1] = w .. ':d'
 end
+local n_cand = #workers
 local slots = redis.call('HMGET', ns .. ':slot:' .. model, unpack(workers))
 local cands = {}
 for c = 1, n_cand do
@@ -219,7 +255,7 @@ for c = 1, n_cand do
     cands[#cands + 1] = {t[1], t[2], c}
   end
 end
-local overlap = walk(ns .. ':b:' .. model .. ':', 12 + n_cand * 3, n_hash, cands)
+local overlap = walk(ns .. ':b:' .. model .. ':', blob, n_hash, cands)
 local res = redis.call('HMGET', ns .. ':load:' .. model, unpack(fields))
 local costs, loads, best = {}, {}, nil
 for c = 1, n_cand do
@@ -261,11 +297,9 @@ if rid ~= '' then
   redis.call('PEXPIRE', ns .. ':r:' .. rid, ttl)
   redis.call('ZADD', ns .. ':rexp', now + ttl, rid)
 end
-local out = {winner}
-for c = 1, n_cand do out[#out + 1] = overlap[c] or 0 end
-for c = 1, n_cand do out[#out + 1] = tostring(costs[c]) end
-for c = 1, n_cand do out[#out + 1] = tostring(loads[c]) end
-return out
+local ov = {}
+for c = 1, n_cand do ov[c] = overlap[c] or 0 end
+return {winner, table.concat(ov, ','), table.concat(costs, ','), table.concat(loads, ',')}
 """
 )
 

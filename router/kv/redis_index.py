@@ -14,22 +14,20 @@ from typing import Any
 
 from router.kv import lua
 from router.kv.index import ApplyResult
-from router.kv.keys import KvKeys, hex64
+from router.kv.keys import KvKeys, pack_hashes, unpack_hash
 from router.kv.routing import RouteCall, RouteOutcome
 from router.kv.translate import ClearOp, IndexOp, StoreOp
 
 
-def _op_args(ops: Sequence[IndexOp]) -> list[str | int]:
-    args: list[str | int] = []
+def _op_args(ops: Sequence[IndexOp]) -> list[str | bytes]:
+    args: list[str | bytes] = []
     for op in ops:
         if isinstance(op, ClearOp):
             args.append("C")
             continue
         args.append("S" if isinstance(op, StoreOp) else "R")
-        args.append(len(op.engine_hashes))
-        for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True):
-            args.append(hex64(e))
-            args.append(hex64(f))
+        args.append(pack_hashes(op.engine_hashes))
+        args.append(pack_hashes(op.fleet_hashes))
     return args
 
 
@@ -45,7 +43,7 @@ class RedisPrefixIndex:
 
     def _apply_args(
         self, model: str, worker_id: str, event_id: int, stream_seq: int, ops: Sequence[IndexOp]
-    ) -> list[str | int]:
+    ) -> list[str | int | bytes]:
         return [self.keys.ns, model, worker_id, event_id, stream_seq, *_op_args(ops)]
 
     async def apply(
@@ -71,9 +69,7 @@ class RedisPrefixIndex:
         return [ApplyResult(bool(a), bool(g)) for a, g in results]
 
     async def match(self, model: str, block_hashes: Sequence[int]) -> dict[str, int]:
-        flat = await self._match(
-            keys=[], args=[self.keys.ns, model, len(block_hashes), *map(hex64, block_hashes)]
-        )
+        flat = await self._match(keys=[], args=[self.keys.ns, model, pack_hashes(block_hashes)])
         return {_s(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     async def drop_worker(self, model: str, worker_id: str, stream_seq: int = 0) -> None:
@@ -85,7 +81,7 @@ class RedisPrefixIndex:
 
     async def worker_mapping(self, model: str, worker_id: str) -> dict[int, int]:
         raw = await self.redis.hgetall(self.keys.map(model, worker_id))
-        return {int(_s(e), 16): int(_s(f), 16) for e, f in raw.items()}
+        return {unpack_hash(e): unpack_hash(f) for e, f in raw.items()}
 
     async def workers(self, model: str) -> set[str]:
         with_slot = await self.redis.hkeys(self.keys.slot(model))
@@ -93,7 +89,11 @@ class RedisPrefixIndex:
         return {_s(w) for w in (*with_slot, *with_evid)}
 
     async def route(self, call: RouteCall) -> RouteOutcome:
-        args: list[str | int | float] = [
+        cands = "".join(
+            f"{c.worker_id}\t{c.reported_prefill_blocks:g}\t{c.reported_decode_blocks:g}\n"
+            for c in call.candidates
+        )
+        args: list[str | int | float | bytes] = [
             self.keys.ns,
             call.model,
             call.request_id,
@@ -103,19 +103,15 @@ class RedisPrefixIndex:
             call.temperature,
             call.rand,
             call.new_blocks,
-            len(call.candidates),
-            len(call.block_hashes),
+            cands,
+            pack_hashes(call.block_hashes),
         ]
-        for c in call.candidates:
-            args += [c.worker_id, c.reported_prefill_blocks, c.reported_decode_blocks]
-        args += [hex64(h) for h in call.block_hashes]
         out = await self._route(keys=[], args=args)
-        n = len(call.candidates)
         return RouteOutcome(
             winner=call.candidates[int(out[0]) - 1].worker_id,
-            overlaps=tuple(int(x) for x in out[1 : 1 + n]),
-            costs=tuple(float(_s(x)) for x in out[1 + n : 1 + 2 * n]),
-            loads=tuple(float(_s(x)) for x in out[1 + 2 * n : 1 + 3 * n]),
+            overlaps=tuple(map(int, _s(out[1]).split(","))),
+            costs=tuple(map(float, _s(out[2]).split(","))),
+            loads=tuple(map(float, _s(out[3]).split(","))),
         )
 
     async def release(self, request_id: str, prefill_only: bool = False) -> bool:
@@ -133,7 +129,7 @@ class RedisPrefixIndex:
         async for key in self.redis.scan_iter(match=f"{prefix}*", count=1000):
             model, worker = _s(key)[len(prefix) :].rsplit(":", 1)
             for f in (await self.redis.hgetall(key)).values():
-                out.setdefault(model, {}).setdefault(int(_s(f), 16), set()).add(worker)
+                out.setdefault(model, {}).setdefault(unpack_hash(f), set()).add(worker)
         return {m: {h: frozenset(w) for h, w in b.items()} for m, b in out.items()}
 
 

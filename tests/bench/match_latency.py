@@ -1,0 +1,127 @@
+"""Match latency: the one-round-trip route call for long prompts across many workers.
+
+    python -m tests.bench.match_latency [--workers 64] [--prompt-tokens 8192] [--calls 2000]
+
+A private redis-server; ``--workers`` workers; a pool of 32 prompts sharing a 2048-token system
+prompt. Each worker caches the blocks of a few pool prompts (so several workers hold long
+prefixes of any query, as in a busy fleet). Then ``route`` is timed for pool prompts with a fresh
+suffix: match + score + pick + reserve in one EVALSHA, p50/p99 in ms, measured from Python (so
+the figures include the client round trip). Scenarios:
+- ``typical``: as above;
+- ``all_hold_all``: every worker holds every block of the query (the longest possible walk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import tempfile
+import time
+
+from infra.embedded import EmbeddedRedis
+from infra.jetstream import connect_redis
+from router.kv.keys import KvKeys
+from router.kv.redis_index import RedisPrefixIndex
+from router.kv.routing import CandidateLoad, RouteCall
+from router.kv.translate import StoreOp, fleet_hashes_for_prompt
+from tests.bench.loadgen import percentile
+
+
+async def populate(
+    index: RedisPrefixIndex,
+    workers: list[str],
+    prompts: list[list[int]],
+    per_worker: int,
+    rng: random.Random,
+    everyone: bool,
+) -> None:
+    for w in workers:
+        chosen = prompts if everyone else rng.sample(prompts, per_worker)
+        ops = []
+        for p in chosen:
+            h = tuple(fleet_hashes_for_prompt(p, 16))
+            ops.append(StoreOp(w, h, h))
+        await index.apply("m", w, 1, 0, ops)
+
+
+async def time_routes(
+    index: RedisPrefixIndex,
+    workers: list[str],
+    prompts: list[list[int]],
+    calls: int,
+    rng: random.Random,
+) -> dict[str, float]:
+    cands = tuple(CandidateLoad(w) for w in workers)
+    lat = []
+    overlaps = []
+    for i in range(calls):
+        p = [*rng.choice(prompts), *(rng.randrange(256) for _ in range(16))]
+        h = tuple(fleet_hashes_for_prompt(p, 16))
+        call = RouteCall(
+            "m",
+            f"r{i}",
+            h,
+            -(-len(p) // 16),
+            cands,
+            rand=rng.random(),
+            now_ms=int(time.time() * 1000),
+        )
+        t0 = time.perf_counter()
+        out = await index.route(call)
+        lat.append((time.perf_counter() - t0) * 1000)
+        overlaps.append(max(out.overlaps))
+        await index.release(f"r{i}")
+    return {
+        "p50_ms": round(percentile(lat, 50), 3),
+        "p99_ms": round(percentile(lat, 99), 3),
+        "mean_ms": round(sum(lat) / len(lat), 3),
+        "mean_best_overlap_blocks": round(sum(overlaps) / len(overlaps), 1),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    rng = random.Random(0)
+    system = [rng.randrange(256) for _ in range(2048)]
+    prompts = [
+        system + [rng.randrange(256) for _ in range(args.prompt_tokens - 2048)] for _ in range(32)
+    ]
+    workers = [f"w{i:03d}" for i in range(args.workers)]
+    out: dict[str, object] = {
+        "benchmark": "match_latency",
+        "workers": args.workers,
+        "prompt_tokens": args.prompt_tokens,
+        "blocks_per_prompt": args.prompt_tokens // 16,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedRedis(tmp, port=0)
+        server.start()
+        try:
+            redis = await connect_redis(server.url)
+            for scenario, everyone in (("typical", False), ("all_hold_all", True)):
+                index = RedisPrefixIndex(redis, KvKeys(f"jf:bench{scenario}"))
+                await populate(index, workers, prompts, 4, rng, everyone)
+                await time_routes(index, workers, prompts, 50, rng)  # warm up
+                out[scenario] = await time_routes(index, workers, prompts, args.calls, rng)
+                print(json.dumps({scenario: out[scenario]}), file=sys.stderr)
+            await redis.aclose()
+        finally:
+            server.stop()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--workers", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=8192)
+    ap.add_argument("--calls", type=int, default=2000)
+    print(json.dumps(asyncio.run(run(ap.parse_args(argv))), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
