@@ -159,7 +159,7 @@ class InMemoryPrefixIndex:
             p, d = self._load.get((call.model, c.worker_id), [0, 0])
             ap = max(p, c.reported_prefill_blocks)
             ad = max(d, c.reported_decode_blocks)
-            ov = overlap.get(c.worker_id, 0)
+            ov = max(overlap.get(c.worker_id, 0), c.hint_overlap_blocks)
             overlaps.append(ov)
             costs.append(
                 call.prefill_weight * max(ap + call.new_blocks - ov, 0) + ad + call.new_blocks

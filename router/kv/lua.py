@@ -227,7 +227,7 @@ return out
 
 # One atomic routing step: expire old reservations, match, score every candidate, pick, reserve.
 # ARGV: ns, model, request_id, now_ms, ttl_ms, prefill_weight, temperature, rand01, new_blocks,
-#       candidates ("worker\tprefill_blocks\tdecode_blocks\n" per candidate), hash_blob.
+#       candidates ("worker\tprefill_blocks\tdecode_blocks\thint_overlap\n" each), hash_blob.
 # Returns {winner_index, "overlap,..", "cost,..", "load,.."} (one string each: cheap to return).
 ROUTE = (
     _COMMON
@@ -238,11 +238,13 @@ local pw, temp, rnd = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local new_blocks, blob = tonumber(ARGV[9]), ARGV[11]
 local n_hash = #blob / 8
 expire_reservations(ns, now)
-local workers, rep_p, rep_d, fields = {}, {}, {}, {}
-for w, p, d in string.gmatch(ARGV[10], "([^\t\n]+)\t([^\t\n]+)\t([^\t\n]+)\n") do
+local workers, rep_p, rep_d, hint, fields = {}, {}, {}, {}, {}
+local pat = "([^\t\n]+)\t([^\t\n]+)\t([^\t\n]+)\t([^\t\n]+)\n"
+for w, p, d, h in string.gmatch(ARGV[10], pat) do
   workers[#workers + 1] = w
   rep_p[#workers] = tonumber(p)
   rep_d[#workers] = tonumber(d)
+  hint[#workers] = tonumber(h)
   fields[#fields + 1] = w .. ':p'
   fields[#fields + 1] = w .. ':d'
 end
@@ -259,7 +261,8 @@ local overlap = walk(ns .. ':b:' .. model .. ':', blob, n_hash, cands)
 local res = redis.call('HMGET', ns .. ':load:' .. model, unpack(fields))
 local costs, loads, best = {}, {}, nil
 for c = 1, n_cand do
-  local ov = overlap[c] or 0
+  local ov = math.max(overlap[c] or 0, hint[c])
+  overlap[c] = ov
   local ap = math.max(tonumber(res[2 * c - 1] or '0'), rep_p[c])
   local ad = math.max(tonumber(res[2 * c] or '0'), rep_d[c])
   local cost = pw * math.max(ap + new_blocks - ov, 0) + ad + new_blocks

@@ -90,7 +90,8 @@ class RedisPrefixIndex:
 
     async def route(self, call: RouteCall) -> RouteOutcome:
         cands = "".join(
-            f"{c.worker_id}\t{c.reported_prefill_blocks:g}\t{c.reported_decode_blocks:g}\n"
+            f"{c.worker_id}\t{c.reported_prefill_blocks:g}\t{c.reported_decode_blocks:g}"
+            f"\t{c.hint_overlap_blocks}\n"
             for c in call.candidates
         )
         args: list[str | int | float | bytes] = [

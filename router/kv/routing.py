@@ -7,9 +7,11 @@ lowest (ties broken with the caller's random number; with a temperature, sample 
     cost = prefill_weight * max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
            + active_decode_blocks + new_blocks
 
-``active_*`` is the larger of the reservations every router holds on the worker and the worker's
-own latest load report. The reservation (prefill: new - overlap blocks, decode: new blocks) is
-released when the request ends (its prefill part at the first token), and expires by itself
+``overlap_blocks`` is the larger of what the index holds and the caller's hint (blocks it routed
+to that worker moments ago, whose KV events may not be indexed yet). ``active_*`` is the larger
+of the reservations every router holds on the worker and the worker's own latest load report.
+The reservation (prefill: new - overlap blocks, decode: new blocks) is released when the
+request ends (its prefill part at the first token), and expires by itself
 after ``ttl_ms`` if the router that made it dies.
 """
 
@@ -23,6 +25,7 @@ class CandidateLoad:
     worker_id: str
     reported_prefill_blocks: float = 0.0
     reported_decode_blocks: float = 0.0
+    hint_overlap_blocks: int = 0  # overlap the caller expects before the index knows it
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ class RequestResult:
     ttft_s: float = 0.0
     e2e_s: float = 0.0
     output_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
     error: str = ""
 
     @property
@@ -102,6 +104,9 @@ class Connection:
                 usage = msg.get("usage")
                 if usage:
                     res.output_tokens = usage["completion_tokens"]
+                    res.prompt_tokens = usage["prompt_tokens"]
+                    details = usage.get("prompt_tokens_details") or {}
+                    res.cached_tokens = details.get("cached_tokens", 0)
                 for choice in msg.get("choices", ()):
                     if choice.get("text") and not res.ttft_s:
                         res.ttft_s = time.perf_counter() - t0
@@ -121,11 +126,13 @@ async def run_level(
     prompt_chars: int,
     output_tokens: int,
     seed: int = 0,
+    prompts: list[str] | None = None,
 ) -> LevelResult:
     host_port = url.split("://", 1)[1].split("/", 1)[0]
     host, port = host_port.rsplit(":", 1)
     rng = random.Random(seed)
-    prompts = [random_prompt(rng, prompt_chars) for _ in range(num_requests)]
+    if prompts is None:
+        prompts = [random_prompt(rng, prompt_chars) for _ in range(num_requests)]
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)

@@ -1,0 +1,67 @@
+"""Bring up a private fleet for a benchmark: embedded servers and component processes."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from infra.embedded import EmbeddedNats, EmbeddedRedis
+from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
+from tests.e2e.fleet import free_port
+
+
+@dataclass
+class BenchFleet:
+    workers: int = 1
+    worker_args: tuple[str, ...] = ()
+    router: str = "round-robin"
+    frontend_args: tuple[str, ...] = ()
+    url: str = ""
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def __enter__(self) -> BenchFleet:
+        self._tmp = tempfile.TemporaryDirectory(prefix="jetfleet-bench-")
+        tmp = Path(self._tmp.name)
+        self.nats = EmbeddedNats(tmp / "nats", port=0)
+        self.nats.start()
+        self.redis = EmbeddedRedis(tmp / "redis", port=0)
+        self.redis.start()
+        self.group = ProcessGroup(tmp / "logs")
+        common = ["--nats", self.nats.url, "--log-level", "warning"]
+        for i in range(self.workers):
+            self.group.start(f"worker-{i}", cli_command("worker", *common, *self.worker_args))
+        if self.router == "kv":
+            self.group.start("indexer", cli_command("indexer", *common, "--redis", self.redis.url))
+        port = free_port()
+        self.group.start(
+            "frontend",
+            cli_command(
+                "frontend",
+                *common,
+                "--port",
+                str(port),
+                "--router",
+                self.router,
+                "--redis",
+                self.redis.url,
+                "--max-waiting-per-worker",
+                "100000",
+                *self.frontend_args,
+            ),
+        )
+        self.url = f"http://127.0.0.1:{port}"
+        wait_http_ok(f"{self.url}/ready", 60, self.group)
+        self.pids = {name: c.proc.pid for name, c in self.group.children.items()}
+        self.pids["nats-server"] = self.nats.pid
+        self.pids["redis-server"] = self.redis.pid
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.group.stop_all(timeout_s=20)
+        self.redis.stop()
+        self.nats.stop()
+        self._tmp.cleanup()
