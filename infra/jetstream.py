@@ -1,64 +1,114 @@
 """Connections, and the one place that turns ``schemas.streams`` typed config into JetStream API.
 
 ``ensure_topology`` creates or updates every stream, KV bucket and object store of a fleet and is
-idempotent (``jetfleet infra init`` and every component at start-up call it).
+idempotent (``jetfleet infra init`` and every component at start-up call it, possibly at the same
+time): a missing item is created, one whose mutable settings differ is updated, anything else is
+left alone. Creation races between processes are tolerated (JetStream accepts an identical
+create; a loser of the race re-reads and compares). Settings JetStream cannot change in place
+(storage type) raise ``TopologyConflictError`` rather than being silently ignored.
+
+Conversion to wire units happens here only: ``timedelta`` -> seconds (nats-py turns those into
+nanoseconds), ``"file"``/``"memory"`` -> ``StorageType``.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import nats
+import redis.asyncio as aioredis
 import structlog
-from nats.js import api
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext, api
 from nats.js.errors import BadRequestError, NotFoundError
 
-from schemas.streams import BucketSpec, ConsumerSpec, ObjectStoreSpec, StreamSpec, fleet_topology
+from schemas.streams import (
+    BucketSpec,
+    ConsumerSpec,
+    ObjectStoreSpec,
+    Storage,
+    StreamSpec,
+    fleet_topology,
+)
 from schemas.subjects import Subjects
 
 log = structlog.get_logger("jetfleet.nats")
 
+KV_STREAM = "KV_{}"  # nats-py's naming of the stream behind a KV bucket
+OBJ_STREAM = "OBJ_{}"  # ... and behind an object store
+_KV_MAX_DUPLICATE_WINDOW_S = 120.0  # nats-py's default; capped at the bucket TTL
+
+
+class TopologyConflictError(RuntimeError):
+    """An existing stream differs in a setting JetStream cannot update (e.g. storage)."""
+
 
 @dataclass
 class TopologyReport:
+    """What ``ensure_topology`` did: streams by name, buckets ``kv:NAME``, stores ``obj:NAME``."""
+
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
 
+    @property
+    def changed(self) -> bool:
+        return bool(self.created or self.updated)
 
-async def connect_nats(url: str, name: str, **kw: Any) -> nats.NATS:
+
+# --- connections -----------------------------------------------------------------------------
+
+
+def _nats_callbacks(name: str, client: list[NATS]) -> dict[str, Callable[..., Awaitable[None]]]:
     async def error_cb(exc: Exception) -> None:
         log.warning("nats_error", client=name, error=repr(exc))
 
-    closing = {"nc": None}
-
     async def disconnected_cb() -> None:
-        nc = closing["nc"]
+        nc = client[0] if client else None
         if nc is None or not (nc.is_closed or nc.is_draining):  # not our own close
             log.warning("nats_disconnected", client=name)
 
     async def reconnected_cb() -> None:
-        log.info("nats_reconnected", client=name)
+        nc = client[0] if client else None
+        log.info("nats_reconnected", client=name, url=str(nc.connected_url) if nc else None)
 
+    async def closed_cb() -> None:
+        log.debug("nats_closed", client=name)
+
+    return {
+        "error_cb": error_cb,
+        "disconnected_cb": disconnected_cb,
+        "reconnected_cb": reconnected_cb,
+        "closed_cb": closed_cb,
+    }
+
+
+async def connect_nats(url: str, name: str, **kw: Any) -> NATS:
+    """Connect with endless reconnects (0.5 s apart) and structlog'd connection events.
+
+    ``kw`` overrides any option of ``nats.connect`` (including the callbacks).
+    """
+    client: list[NATS] = []
     opts: dict[str, Any] = {
         "name": name,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
         "connect_timeout": 5,
-        "error_cb": error_cb,
-        "disconnected_cb": disconnected_cb,
-        "reconnected_cb": reconnected_cb,
-        "pending_size": 64 << 20,
+        "ping_interval": 20,
+        "max_outstanding_pings": 3,
+        "pending_size": 64 << 20,  # reconnect buffer: what we publish while disconnected
+        **_nats_callbacks(name, client),
         **kw,
     }
     nc = await nats.connect(url, **opts)
-    closing["nc"] = nc
+    client.append(nc)
     return nc
 
 
-async def close_nats(nc: Any, timeout_s: float = 5.0) -> None:
+async def close_nats(nc: NATS, timeout_s: int = 5) -> None:
     """Flush what was published, then close (our subscriptions are already gone by now)."""
     with contextlib.suppress(Exception):
         await nc.flush(timeout=timeout_s)
@@ -66,13 +116,21 @@ async def close_nats(nc: Any, timeout_s: float = 5.0) -> None:
         await nc.close()
 
 
-async def connect_redis(url: str) -> Any:
-    import redis.asyncio as aioredis
+async def connect_redis(url: str, health_check_interval_s: int = 10) -> aioredis.Redis:
+    """An asyncio Redis client: RESP3, hiredis parser when installed (redis-py picks it)."""
+    return aioredis.from_url(
+        url,
+        protocol=3,
+        health_check_interval=health_check_interval_s,
+        decode_responses=False,
+        socket_keepalive=True,
+    )
 
-    return aioredis.from_url(url, protocol=3, health_check_interval=10, decode_responses=False)
+
+# --- typed config -> nats-py API -------------------------------------------------------------
 
 
-def _storage(kind: str) -> api.StorageType:
+def _storage(kind: Storage) -> api.StorageType:
     return api.StorageType.MEMORY if kind == "memory" else api.StorageType.FILE
 
 
@@ -92,67 +150,130 @@ def stream_config(spec: StreamSpec) -> api.StreamConfig:
     )
 
 
-def _differs(have: api.StreamConfig, want: api.StreamConfig) -> bool:
-    keys = ("subjects", "max_age", "max_bytes", "duplicate_window", "num_replicas", "description")
-    return any(
-        (sorted(getattr(have, k) or []) if k == "subjects" else getattr(have, k))
-        != (sorted(getattr(want, k) or []) if k == "subjects" else getattr(want, k))
-        for k in keys
+def kv_stream_settings(spec: BucketSpec) -> dict[str, Any]:
+    """The mutable settings of a bucket's stream, as ``StreamConfig`` fields."""
+    ttl_s = spec.ttl.total_seconds() if spec.ttl else 0.0
+    window_s = min(_KV_MAX_DUPLICATE_WINDOW_S, ttl_s) if ttl_s else _KV_MAX_DUPLICATE_WINDOW_S
+    return {
+        "description": spec.description,
+        "max_age": ttl_s,
+        "max_msgs_per_subject": spec.history,
+        "duplicate_window": window_s,
+        "num_replicas": spec.replicas,
+        "allow_direct": True,
+    }
+
+
+def consumer_config(spec: ConsumerSpec) -> api.ConsumerConfig:
+    policy = api.DeliverPolicy.ALL if spec.deliver_policy == "all" else api.DeliverPolicy.NEW
+    return api.ConsumerConfig(
+        durable_name=spec.durable,
+        filter_subject=spec.filter_subject,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=spec.ack_wait.total_seconds(),
+        max_ack_pending=spec.max_ack_pending,
+        max_deliver=spec.max_deliver,
+        deliver_policy=policy,
     )
 
 
-async def ensure_stream(js: Any, spec: StreamSpec, report: TopologyReport) -> None:
-    want = stream_config(spec)
+_STREAM_MUTABLE = (
+    "description",
+    "max_age",
+    "max_bytes",
+    "duplicate_window",
+    "num_replicas",
+    "retention",
+    "discard",
+    "allow_direct",
+)
+
+
+def _norm(value: Any) -> Any:
+    return sorted(value) if isinstance(value, list) else value
+
+
+def stream_differences(have: api.StreamConfig, want: dict[str, Any]) -> list[str]:
+    """Names of the fields in ``want`` whose value differs in ``have``."""
+    return [k for k, v in want.items() if _norm(getattr(have, k)) != _norm(v)]
+
+
+def _check_storage(name: str, have: api.StreamConfig, want: api.StorageType) -> None:
+    if have.storage != want:
+        raise TopologyConflictError(
+            f"stream {name} has storage {have.storage}, wanted {want}: "
+            "JetStream cannot change storage in place (delete the stream to recreate it)"
+        )
+
+
+# --- streams, buckets, stores ----------------------------------------------------------------
+
+
+async def _stream_info_or_none(js: JetStreamContext, name: str) -> api.StreamInfo | None:
     try:
-        info = await js.stream_info(spec.name)
+        return await js.stream_info(name)
     except NotFoundError:
+        return None
+
+
+async def ensure_stream(js: JetStreamContext, spec: StreamSpec, report: TopologyReport) -> None:
+    want = stream_config(spec)
+    info = await _stream_info_or_none(js, spec.name)
+    if info is None:
         try:
             await js.add_stream(want)
             report.created.append(spec.name)
+            log.info("stream_created", stream=spec.name, subjects=list(spec.subjects))
             return
-        except BadRequestError:  # another process created it meanwhile
+        except BadRequestError:  # a sibling created it with another config meanwhile
             info = await js.stream_info(spec.name)
-    if _differs(info.config, want):
-        await js.update_stream(want)
-        report.updated.append(spec.name)
-    else:
+    _check_storage(spec.name, info.config, _storage(spec.storage))
+    wanted = {k: getattr(want, k) for k in ("subjects", *_STREAM_MUTABLE)}
+    diff = stream_differences(info.config, wanted)
+    if not diff:
         report.unchanged.append(spec.name)
+        return
+    await js.update_stream(want)
+    report.updated.append(spec.name)
+    log.info("stream_updated", stream=spec.name, fields=diff)
 
 
-async def ensure_bucket(js: Any, spec: BucketSpec, report: TopologyReport) -> None:
-    ttl = spec.ttl.total_seconds() if spec.ttl else None
-    try:
-        kv = await js.key_value(spec.name)
-        status = await kv.status()
-        if (status.ttl or None) == ttl and status.history == spec.history:
-            report.unchanged.append(f"kv:{spec.name}")
-            return
-        stream = f"KV_{spec.name}"
-        info = await js.stream_info(stream)
-        cfg = info.config
-        cfg.max_age = ttl or 0
-        cfg.max_msgs_per_subject = spec.history
-        await js.update_stream(cfg)
-        report.updated.append(f"kv:{spec.name}")
-    except NotFoundError:
+async def ensure_bucket(js: JetStreamContext, spec: BucketSpec, report: TopologyReport) -> None:
+    key, stream = f"kv:{spec.name}", KV_STREAM.format(spec.name)
+    wanted = kv_stream_settings(spec)
+    info = await _stream_info_or_none(js, stream)
+    if info is None:
         await js.create_key_value(
             api.KeyValueConfig(
                 bucket=spec.name,
                 description=spec.description,
                 history=spec.history,
-                ttl=ttl,
+                ttl=wanted["max_age"] or None,
                 storage=_storage(spec.storage),
                 replicas=spec.replicas,
+                direct=True,
             )
-        )
-        report.created.append(f"kv:{spec.name}")
+        )  # identical concurrent creates both succeed
+        report.created.append(key)
+        log.info("bucket_created", bucket=spec.name)
+        return
+    _check_storage(stream, info.config, _storage(spec.storage))
+    diff = stream_differences(info.config, wanted)
+    if not diff:
+        report.unchanged.append(key)
+        return
+    await js.update_stream(info.config.evolve(**wanted))
+    report.updated.append(key)
+    log.info("bucket_updated", bucket=spec.name, fields=diff)
 
 
-async def ensure_object_store(js: Any, spec: ObjectStoreSpec, report: TopologyReport) -> None:
-    try:
-        await js.object_store(spec.name)
-        report.unchanged.append(f"obj:{spec.name}")
-    except NotFoundError:
+async def ensure_object_store(
+    js: JetStreamContext, spec: ObjectStoreSpec, report: TopologyReport
+) -> None:
+    key, stream = f"obj:{spec.name}", OBJ_STREAM.format(spec.name)
+    wanted = {"description": spec.description, "num_replicas": spec.replicas}
+    info = await _stream_info_or_none(js, stream)
+    if info is None:
         await js.create_object_store(
             spec.name,
             api.ObjectStoreConfig(
@@ -161,10 +282,23 @@ async def ensure_object_store(js: Any, spec: ObjectStoreSpec, report: TopologyRe
                 replicas=spec.replicas,
             ),
         )
-        report.created.append(f"obj:{spec.name}")
+        report.created.append(key)
+        log.info("object_store_created", store=spec.name)
+        return
+    _check_storage(stream, info.config, _storage(spec.storage))
+    diff = stream_differences(info.config, wanted)
+    if not diff:
+        report.unchanged.append(key)
+        return
+    await js.update_stream(info.config.evolve(**wanted))
+    report.updated.append(key)
+    log.info("object_store_updated", store=spec.name, fields=diff)
 
 
-async def ensure_topology(js: Any, subjects: Subjects, replicas: int = 1) -> TopologyReport:
+async def ensure_topology(
+    js: JetStreamContext, subjects: Subjects, replicas: int = 1
+) -> TopologyReport:
+    """Create or update every stream, bucket and object store of the fleet ``subjects`` names."""
     topo = fleet_topology(subjects, replicas)
     report = TopologyReport()
     for spec in topo.streams:
@@ -176,34 +310,33 @@ async def ensure_topology(js: Any, subjects: Subjects, replicas: int = 1) -> Top
     return report
 
 
-def consumer_config(spec: ConsumerSpec) -> api.ConsumerConfig:
-    return api.ConsumerConfig(
-        durable_name=spec.durable,
-        filter_subject=spec.filter_subject,
-        ack_policy=api.AckPolicy.EXPLICIT,
-        ack_wait=spec.ack_wait.total_seconds(),
-        max_ack_pending=spec.max_ack_pending,
-        max_deliver=spec.max_deliver,
-        deliver_policy=api.DeliverPolicy.ALL
-        if spec.deliver_policy == "all"
-        else api.DeliverPolicy.NEW,
-    )
+# --- consumers -------------------------------------------------------------------------------
+
+_CONSUMER_MUTABLE = ("filter_subject", "ack_wait", "max_ack_pending", "max_deliver")
 
 
-async def ensure_consumer(js: Any, stream: str, spec: ConsumerSpec) -> None:
-    """Create the durable pull consumer, or bring an existing one to ``spec``."""
+async def ensure_consumer(
+    js: JetStreamContext, stream: str, spec: ConsumerSpec
+) -> api.ConsumerInfo:
+    """Create the durable pull consumer, or bring an existing one to ``spec``.
+
+    The deliver policy of an existing consumer is kept (JetStream cannot change it).
+    """
     cfg = consumer_config(spec)
+    info: api.ConsumerInfo
     try:
         info = await js.consumer_info(stream, spec.durable)
     except NotFoundError:
-        with contextlib.suppress(BadRequestError):  # created concurrently by a sibling
-            await js.add_consumer(stream, cfg)
-        return
-    have = info.config
-    if (have.ack_wait, have.max_ack_pending, have.max_deliver) != (
-        cfg.ack_wait,
-        cfg.max_ack_pending,
-        cfg.max_deliver,
-    ):
-        cfg.deliver_policy = have.deliver_policy  # cannot change on an existing consumer
-        await js.add_consumer(stream, cfg)
+        try:
+            info = await js.add_consumer(stream, cfg)
+            log.info("consumer_created", stream=stream, consumer=spec.durable)
+            return info
+        except BadRequestError:  # created concurrently by a sibling with another config
+            info = await js.consumer_info(stream, spec.durable)
+    diff = [k for k in _CONSUMER_MUTABLE if getattr(info.config, k) != getattr(cfg, k)]
+    if not diff:
+        return info
+    cfg.deliver_policy = info.config.deliver_policy
+    info = await js.add_consumer(stream, cfg)
+    log.info("consumer_updated", stream=stream, consumer=spec.durable, fields=diff)
+    return info

@@ -94,7 +94,16 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         )
         for i in range(args.workers):
             group.start(f"worker-{i}", cli_command("worker", *common, *engine))
-        routing = _passthrough(args, ["router", "stall_timeout", "max_waiting_per_worker"])
+        if args.router == "kv":
+            group.start("indexer", cli_command("indexer", *common, "--redis", redis.url))
+        routing_flags = [
+            "router",
+            "stall_timeout",
+            "max_waiting_per_worker",
+            "kv_prefill_weight",
+            "kv_temperature",
+        ]
+        routing = [*_passthrough(args, routing_flags), "--redis", redis.url]
         group.start(
             "frontend",
             cli_command(

