@@ -54,14 +54,14 @@ def _router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-prefill-weight",
         type=float,
-        default=1.0,
-        help="kv router: weight of blocks to prefill against decode load",
+        default=None,
+        help="kv router: weight of blocks to prefill against decode load (default 8)",
     )
     p.add_argument(
         "--kv-temperature",
         type=float,
-        default=0.0,
-        help="kv router: softmax temperature over costs (0 = lowest cost wins)",
+        default=None,
+        help="kv router: softmax temperature over costs, in blocks (default 8; 0 = lowest wins)",
     )
     p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without a chunk")
     p.add_argument(
@@ -204,7 +204,8 @@ def _redis_for(args: argparse.Namespace) -> str | None:
 def _kv_config(args: argparse.Namespace) -> Any:
     from router.kv.router import KvRouterConfig
 
-    return KvRouterConfig(prefill_weight=args.kv_prefill_weight, temperature=args.kv_temperature)
+    given = {"prefill_weight": args.kv_prefill_weight, "temperature": args.kv_temperature}
+    return KvRouterConfig(**{k: v for k, v in given.items() if v is not None})
 
 
 def _frontend(args: argparse.Namespace, subjects: Any) -> int:

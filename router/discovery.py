@@ -41,6 +41,7 @@ class Discovery:
         state: FleetState,
         on_worker_gone: Callable[[str], None] = lambda _w: None,
         prune_interval_s: float = 0.25,
+        on_worker_joined: Callable[[str], None] = lambda _w: None,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -48,6 +49,7 @@ class Discovery:
         self.state = state
         self.models: dict[str, ServedModel] = {}
         self._on_gone = on_worker_gone
+        self._on_joined = on_worker_joined
         self._prune_interval_s = prune_interval_s
         self._tasks: list[asyncio.Task[Any]] = []
         self._watchers: list[Any] = []
@@ -108,6 +110,7 @@ class Discovery:
             self.state.upsert(reg, now)
             if not known:
                 log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
+                self._on_joined(reg.worker_id)
 
     async def _watch_models(self, watcher: Any, synced: asyncio.Event) -> None:
         async for entry in watcher:

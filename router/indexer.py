@@ -12,7 +12,8 @@
 - **Gaps heal.** A batch whose event id skips, or whose parent block is unknown, makes the indexer
   drop that worker's entries and ask the worker (control op ``kv_resync``) to publish its whole
   cache again as ``AllBlocksCleared`` + ``BlockStored``.
-- **Departures.** A worker that leaves discovery has all its blocks dropped.
+- **Departures.** A worker that leaves discovery has all its blocks dropped, and batches of it
+  still in the stream are skipped (until it registers again).
 """
 
 from __future__ import annotations
@@ -61,6 +62,13 @@ class IndexerConfig:
     indexer_id: str = field(default_factory=lambda: f"ix-{uuid.uuid4().hex[:8]}")
 
 
+@dataclass
+class _Prepared:
+    items: list[tuple[str, str, int, int, list[IndexOp]]] = field(default_factory=list)
+    batches: list[KvEventBatch | None] = field(default_factory=list)
+    heals: list[tuple[str, str, str, int]] = field(default_factory=list)
+
+
 class IndexerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_indexer"
@@ -91,6 +99,7 @@ class Indexer:
         self.translator = EventTranslator()
         self.metrics = metrics
         self.worker_models: dict[str, str] = {}
+        self.departed: set[str] = set()  # left discovery: their late events are ignored
         self._renew = redis.register_script(_RENEW)
         self.applied = 0
         self.log = log.bind(indexer_id=cfg.indexer_id)
@@ -160,6 +169,7 @@ class Indexer:
         self.log.info("indexer_consuming", from_seq=start)
         lag_task = asyncio.create_task(self._lag_loop())
         stopper = asyncio.create_task(_first(stop, lost))
+        commit: asyncio.Task[None] | None = None
         try:
             while not stopper.done():
                 getter = asyncio.ensure_future(queue.get())
@@ -170,16 +180,27 @@ class Indexer:
                 msgs = [getter.result()]
                 while len(msgs) < self.cfg.batch_max and not queue.empty():
                     msgs.append(queue.get_nowait())
-                await self.apply_messages(msgs)
+                prepared = await self._prepare(msgs)  # overlaps the previous group's commit
+                if commit is not None:
+                    await commit
+                commit = asyncio.create_task(self._commit(prepared))
+            if commit is not None:
+                await commit
         finally:
+            if commit is not None and not commit.done():
+                commit.cancel()
             stopper.cancel()
             lag_task.cancel()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
     async def apply_messages(self, msgs: list[Any]) -> None:
-        items: list[tuple[str, str, int, int, list[IndexOp]]] = []
-        batches: list[KvEventBatch | None] = []
+        """Translate and apply a group of messages (serially; ``_consume`` overlaps the two)."""
+        await self._commit(await self._prepare(msgs))
+
+    async def _prepare(self, msgs: list[Any]) -> _Prepared:
+        """Decode and translate (CPU only: no Redis writes, so it can overlap a commit)."""
+        prep = _Prepared()
         for msg in msgs:
             seq = msg.metadata.sequence.stream
             try:
@@ -187,16 +208,25 @@ class Indexer:
             except WireDecodeError as exc:
                 self.metrics.dead.inc()
                 await dead_letter(self.nc, self.cfg.subjects, "indexer", msg, str(exc))
-                items.append(("", "", 0, seq, []))
-                batches.append(None)
+                prep.items.append(("", "", 0, seq, []))
+                prep.batches.append(None)
+                continue
+            if batch.worker_id in self.departed:  # a late batch of a worker already dropped
+                prep.items.append(("", "", 0, seq, []))
+                prep.batches.append(None)
                 continue
             ops = await self._translate(batch)
-            items.append((batch.model, batch.worker_id, batch.event_id, seq, ops or []))
-            batches.append(batch if ops is not None else None)
+            prep.items.append((batch.model, batch.worker_id, batch.event_id, seq, ops or []))
+            prep.batches.append(batch if ops is not None else None)
             if ops is None:
-                await self._heal(batch.model, batch.worker_id, "unknown parent block", seq)
-        results = await self.index.apply_many(items)
-        for item, batch, res in zip(items, batches, results, strict=True):
+                prep.heals.append((batch.model, batch.worker_id, "unknown parent block", seq))
+        return prep
+
+    async def _commit(self, prep: _Prepared) -> None:
+        results = await self.index.apply_many(prep.items)
+        for model, worker_id, reason, seq in prep.heals:
+            await self._heal(model, worker_id, reason, seq)
+        for item, batch, res in zip(prep.items, prep.batches, results, strict=True):
             self._count(batch, res)
             if res.applied and res.gap and batch is not None:
                 await self._heal(batch.model, batch.worker_id, "event id gap", 0)
@@ -233,7 +263,11 @@ class Indexer:
                 self.cfg.subjects.ctl(worker_id, "kv_resync"), encode(ControlRequest())
             )
 
+    def worker_joined(self, worker_id: str) -> None:
+        self.departed.discard(worker_id)
+
     async def worker_gone(self, worker_id: str) -> None:
+        self.departed.add(worker_id)
         model = self.worker_models.pop(worker_id, None)
         self.translator.forget(worker_id)
         if model is not None:
@@ -273,7 +307,9 @@ async def run_indexer(cfg: IndexerConfig) -> None:
         pending.add(task)
         task.add_done_callback(pending.discard)
 
-    discovery = Discovery(nc, cfg.subjects, FleetState(), on_worker_gone=gone)
+    discovery = Discovery(
+        nc, cfg.subjects, FleetState(), on_worker_gone=gone, on_worker_joined=indexer.worker_joined
+    )
     await discovery.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

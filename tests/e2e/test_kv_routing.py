@@ -67,18 +67,20 @@ async def test_departed_worker_blocks_are_dropped(kv_fleet):
     index = RedisPrefixIndex(redis, KvKeys.for_prefix(kv_fleet.prefix))
     try:
         extra = kv_fleet.add_worker()
-        # make sure the new worker caches something: route to it until it holds blocks
+        # fresh prompts (a repeated one would stick to whoever cached it first) until the
+        # router has sent one to the new worker and its KV events are indexed
+        attempt = iter(range(1000))
         async with httpx.AsyncClient(timeout=30) as client:
 
             async def holds() -> bool:
-                prompt = f"worker {extra} private prompt " * 8
+                prompt = f"private prompt number {next(attempt)} for the newcomer " * 8
                 await client.post(
                     f"{kv_fleet.base_url}/v1/completions",
                     json={"model": M, "prompt": prompt, "max_tokens": 2},
                 )
                 return extra in await index.workers(M)
 
-            await wait_for(holds, timeout=20, interval=0.2)
+            await wait_for(holds, timeout=20, interval=0.1)
         kv_fleet.kill(extra)
 
         async def dropped() -> bool:

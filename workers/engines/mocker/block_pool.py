@@ -1,12 +1,24 @@
 """KV block pool with prefix caching and LRU eviction; queues KV events for the service to publish.
 
-Every block has a reference count. A full block of a sequence is *committed*: it gets the fleet's
-chained hash (``schemas.hashing``) and is registered in the cache, and a ``BlockStored`` event is
-queued. When its last reference goes away, a committed block stays in the cache as a free block;
-free blocks are reused in LRU order (least recently freed first, uncommitted ones before any
-cached one), and reusing a cached block evicts it: ``BlockRemoved`` is queued. ``reset`` empties
-the cache when no block is in use (``AllBlocksCleared``). ``take_events`` drains the outbox, as
-vLLM's ``KVCacheManager.take_events()`` does; this module does no I/O.
+Every block has a reference count (the sequences using it). Life of a block:
+
+1. ``allocate(n)`` hands out free blocks with one reference each. Free blocks are reused from the
+   front of one ordered free list: uncommitted blocks first, then cached ones least recently freed
+   first (LRU). Reusing a cached block evicts it: ``BlockRemoved`` is queued (one event per call).
+2. When a sequence fills a block, the scheduler ``commit``s it: the block gets the fleet's chained
+   hash (``schemas.hashing.block_hashes``), is registered in the cache, and ``BlockStored`` is
+   queued. Consecutive blocks of one sequence committed together go in one event, with the hash
+   of the block before them as ``parent_block_hash``. Content already cached in another block is
+   not registered twice (that copy stays private to its sequence and is freed uncached).
+3. ``match_prefix`` finds the cached leading blocks of a hash chain; ``take`` adds a reference to
+   them (a cache hit, which also takes a free cached block off the free list).
+4. ``free`` drops a reference. A block nobody uses joins the free list: a cached one at the back
+   (most recently used; a sequence's tail blocks are freed first so its head outlives them, as
+   in vLLM), an uncommitted one at the front.
+
+``reset_prefix_cache`` forgets every cached block when no block is in use (``AllBlocksCleared``).
+``take_events`` drains the outbox, as vLLM's ``KVCacheManager.take_events()`` does; this module
+does no I/O. Every operation is O(blocks touched).
 """
 
 from __future__ import annotations
@@ -18,6 +30,8 @@ from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCac
 
 
 class BlockPool:
+    """``num_blocks`` KV blocks of ``block_size`` tokens; see the module docstring."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -33,22 +47,34 @@ class BlockPool:
     # ---------------------------------------------------------------- queries
     @property
     def num_free(self) -> int:
+        """Blocks with no reference (cached or not): what ``allocate`` can hand out."""
         return len(self._free)
 
     @property
     def num_used(self) -> int:
+        """Blocks referenced by at least one sequence."""
         return self.num_blocks - len(self._free)
 
     @property
     def usage(self) -> float:
+        """``num_used`` as a fraction of all blocks, 0..1."""
         return self.num_used / self.num_blocks
 
     @property
     def num_cached(self) -> int:
+        """Blocks registered in the prefix cache (in use or free)."""
         return len(self._cached)
 
     def block_hash(self, block_id: int) -> int | None:
         return self._hash[block_id]
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
+    def count_unreferenced(self, block_ids: Sequence[int]) -> int:
+        """How many of ``block_ids`` are free (``take`` would remove them from the free list)."""
+        ref = self._ref
+        return sum(1 for b in block_ids if ref[b] == 0)
 
     def match_prefix(self, hashes: Sequence[int]) -> list[int]:
         """Block ids of the leading ``hashes`` present in the cache (does not take them)."""
@@ -148,9 +174,9 @@ class BlockPool:
                 )
             )
 
-    def reset(self) -> bool:
+    def reset_prefix_cache(self) -> bool:
         """Forget every cached block; refused (False) while any block is in use."""
-        if any(self._ref):
+        if self.num_used:
             return False
         self._cached.clear()
         self._meta.clear()

@@ -1,8 +1,16 @@
-"""One sequence in the mocker scheduler: its tokens, computed prefix and blocks."""
+"""One sequence in the mocker scheduler: its tokens, computed prefix, blocks and block hashes.
+
+``tokens`` is the prompt followed by the generated tokens. ``num_computed`` of them have their KV
+in ``block_ids``; the first ``num_committed`` blocks are in the prefix cache (hashed).
+``hashes`` caches the chained hashes of the full blocks of ``tokens``: tokens are only ever
+appended, so the hashes stay valid across preemption and are computed once per block, in
+batches (``schemas.hashing.block_hashes``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from schemas.hashing import block_hashes, hash_seed
 
@@ -11,26 +19,37 @@ from schemas.hashing import block_hashes, hash_seed
 class SeqRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    max_tokens: int
+    max_tokens: int  # output tokens to generate (the mock never stops early)
     seed: int  # output tokens are a pure function of (seed, position)
-    lora_name: str | None = None
+    lora_name: str | None = None  # folded into the block hash seed
 
 
-@dataclass(slots=True, eq=False)  # identity: compared in list membership on the hot path
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)  # identity semantics: compared by `is` on the hot path
 class Sequence:
     req: SeqRequest
-    order: int  # admission counter: the newest running sequence is preempted first
-    tokens: list[int] = field(default_factory=list)  # prompt + generated
+    tokens: list[int]  # prompt + generated
+    hash_seed: int
+    status: SeqStatus = SeqStatus.WAITING
     output: list[int] = field(default_factory=list)
     num_computed: int = 0  # tokens whose KV is in blocks
     block_ids: list[int] = field(default_factory=list)
-    hashes: list[int] = field(default_factory=list)  # chained hashes of committed full blocks
-    num_cached_tokens: int = -1  # prompt tokens hit in the prefix cache (first admission)
-    hash_seed: int = 0
+    num_committed: int = 0  # leading blocks registered in the prefix cache
+    hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks of `tokens`
+    num_cached_tokens: int = -1  # prompt tokens hit in the cache at first admission (-1: not yet)
 
     @classmethod
-    def new(cls, req: SeqRequest, order: int) -> Sequence:
-        return cls(req, order, list(req.prompt_token_ids), hash_seed=hash_seed(req.lora_name))
+    def new(cls, req: SeqRequest) -> Sequence:
+        return cls(req, list(req.prompt_token_ids), hash_seed(req.lora_name))
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
 
     @property
     def num_prompt(self) -> int:
@@ -43,23 +62,32 @@ class Sequence:
 
     @property
     def prefilling(self) -> bool:
+        """Computing more than the last sampled token (a prompt, or a recompute)."""
         return self.remaining > 1 or not self.output
 
-    def full_block_hashes(self, block_size: int) -> list[int]:
-        """Chained hashes of every full block of the current tokens (for a prefix lookup)."""
-        return block_hashes(self.tokens, block_size, self.hash_seed)
+    def blocks_needed(self, block_size: int, new_tokens: int) -> int:
+        """Blocks to add so that ``new_tokens`` more tokens fit."""
+        total = -(-(self.num_computed + new_tokens) // block_size)
+        return max(total - len(self.block_ids), 0)
 
-    def new_full_blocks(self, block_size: int) -> tuple[int, list[int]]:
-        """(first block index, hashes) of blocks filled by computed tokens, not yet committed."""
-        full = self.num_computed // block_size
-        done = len(self.hashes)
-        if full <= done:
-            return done, []
-        parent = self.hashes[-1] if self.hashes else None
-        chunk = self.tokens[done * block_size : full * block_size]
-        return done, block_hashes(chunk, block_size, self.hash_seed, parent)
+    def hashes_upto(self, block_size: int, num_blocks: int | None = None) -> list[int]:
+        """``hashes``, extended to cover the first ``num_blocks`` full blocks (default: every full
+        block of ``tokens``); it may hold more. Only new blocks are hashed."""
+        full = len(self.tokens) // block_size if num_blocks is None else num_blocks
+        have = len(self.hashes)
+        if full > have:
+            parent = self.hashes[-1] if self.hashes else None
+            chunk = self.tokens[have * block_size : full * block_size]
+            self.hashes.extend(block_hashes(chunk, block_size, self.hash_seed, parent))
+        return self.hashes
+
+    def append_output(self, token: int) -> None:
+        self.tokens.append(token)
+        self.output.append(token)
 
     def reset_for_recompute(self) -> None:
+        """Preempted (recompute mode): forget the KV; tokens and hashes are kept."""
+        self.status = SeqStatus.WAITING
         self.num_computed = 0
         self.block_ids = []
-        self.hashes = []
+        self.num_committed = 0

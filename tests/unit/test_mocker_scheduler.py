@@ -1,0 +1,274 @@
+"""The mocker's continuous-batching scheduler as a scripted loop: add requests, step, assert.
+
+Small pools (block size 4) make prefix hits, chunked prefill, budgets, preemption and eviction
+visible in a few steps. Output tokens are a pure function of (seed, position), so a request's
+tokens are known up front (``expected_tokens``) whatever happened to it on the way.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from schemas.hashing import block_hashes, hash_seed
+from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.unit.mocker_utils import (
+    BLOCK_SIZE,
+    Run,
+    add_and_run,
+    expected_tokens,
+    make_request,
+    make_scheduler,
+    prompt,
+    record_step,
+    run_until_idle,
+)
+from workers.engines.mocker.scheduler import SeqRequest, default_token_source
+
+
+def test_single_request_lifecycle() -> None:
+    sched = make_scheduler()
+    req = make_request("a", 10, max_tokens=3)
+    sched.add_request(req)
+    assert sched.has_work and sched.stats().active_prefill_tokens == 10
+    first = sched.step()
+    assert first.num_prefill_tokens == 10 and first.num_decode_seqs == 0
+    [out] = first.outputs
+    assert (out.request_id, out.num_prompt_tokens, out.num_output_tokens) == ("a", 10, 1)
+    assert not out.finished and out.finish_reason is None
+    run = run_until_idle(sched)
+    assert [o.finish_reason for o in run.steps[-1].outputs] == ["length"]
+    assert [t for o in [out] for t in o.new_token_ids] + run.tokens["a"] == expected_tokens(req)
+    stats = sched.stats()
+    assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0.0)
+    assert stats.prompt_tokens_total == 10 and not sched.has_work
+
+
+def test_default_token_source_is_ascii_letters_and_pure() -> None:
+    tokens = [default_token_source(7, i) for i in range(200)]
+    assert all(97 <= t <= 122 for t in tokens) and len(set(tokens)) > 10
+    assert tokens == [default_token_source(7, i) for i in range(200)]
+    assert tokens != [default_token_source(8, i) for i in range(200)]
+
+
+@pytest.mark.parametrize(
+    ("prompt_len", "cached"),
+    [(3, 0), (4, 0), (10, 8), (12, 8), (13, 12)],  # a fully cached prompt recomputes its last block
+)
+def test_second_identical_prompt_hits_the_prefix_cache(prompt_len: int, cached: int) -> None:
+    sched = make_scheduler()
+    tokens = prompt(prompt_len)
+    run = add_and_run(sched, make_request("a", tokens))
+    assert run.cached["a"] == 0
+    sched.add_request(make_request("b", tokens))
+    first = sched.step()
+    assert first.num_prefill_tokens == prompt_len - cached
+    assert first.outputs[0].num_cached_tokens == cached
+    assert sched.stats().cached_tokens_total == cached
+
+
+def test_shared_prefix_hits_only_the_common_full_blocks() -> None:
+    sched = make_scheduler()
+    add_and_run(sched, make_request("a", (*prompt(9), 1, 2, 3)))
+    sched.add_request(make_request("b", (*prompt(9), 7, 7, 7)))
+    assert sched.step().outputs[0].num_cached_tokens == 8
+
+
+def test_chunked_prefill_splits_a_long_prompt() -> None:
+    sched = make_scheduler(max_num_batched_tokens=16)
+    req = make_request("a", 40, max_tokens=2)
+    sched.add_request(req)
+    steps = [sched.step() for _ in range(4)]
+    assert [s.num_prefill_tokens for s in steps] == [16, 16, 8, 0]
+    assert [len(s.outputs) for s in steps] == [0, 0, 1, 1]
+    assert sched.stats().active_prefill_tokens == 0 and steps[-1].outputs[0].finished
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room() -> None:
+    sched = make_scheduler(max_num_batched_tokens=16, enable_chunked_prefill=False)
+    sched.add_request(make_request("a", prompt(10, 0), max_tokens=3))
+    sched.add_request(make_request("b", prompt(10, 500), max_tokens=3))
+    first = sched.step()
+    assert [o.request_id for o in first.outputs] == ["a"]
+    second = sched.step()  # a decodes (1 token), b's whole prompt fits now
+    assert second.num_prefill_tokens == 10 and second.num_decode_seqs == 1
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_request_that_can_never_run_is_rejected(chunked: bool) -> None:
+    sched = make_scheduler(
+        num_gpu_blocks=4, max_num_batched_tokens=8, enable_chunked_prefill=chunked
+    )
+    sched.add_request(make_request("big", 16 if chunked else 9, max_tokens=2))
+    [out] = sched.step().outputs
+    assert (out.finished, out.finish_reason, out.new_token_ids) == (True, "error", ())
+    assert not sched.has_work
+
+
+@pytest.mark.parametrize("budget", [8, 16, 33, 64])
+def test_token_budget_is_respected(budget: int) -> None:
+    sched = make_scheduler(num_gpu_blocks=256, max_num_batched_tokens=budget)
+    reqs = [make_request(f"r{i}", prompt(5 + 7 * i, 100 * i), max_tokens=5) for i in range(6)]
+    run = add_and_run(sched, *reqs)
+    assert all(s.num_prefill_tokens + s.num_decode_seqs <= budget for s in run.steps)
+    assert run.tokens == {r.request_id: expected_tokens(r) for r in reqs}
+
+
+@pytest.mark.parametrize("max_seqs", [1, 3])
+def test_max_num_seqs_is_respected(max_seqs: int) -> None:
+    sched = make_scheduler(max_num_seqs=max_seqs)
+    reqs = [make_request(f"r{i}", prompt(6, 100 * i)) for i in range(5)]
+    for r in reqs:
+        sched.add_request(r)
+    run = Run()
+    while sched.has_work:
+        record_step(sched, run)
+        assert sched.stats().num_running <= max_seqs
+    assert run.tokens == {r.request_id: expected_tokens(r) for r in reqs}
+
+
+def test_preemption_recomputes_and_yields_the_same_tokens() -> None:
+    # 8 blocks = 32 tokens; each request grows to 8 + 11 tokens (5 blocks): both cannot fit.
+    sched = make_scheduler(num_gpu_blocks=8, max_num_seqs=2)
+    old, new = make_request("old", prompt(8, 0), 12), make_request("new", prompt(8, 500), 12)
+    later = make_request("later", prompt(4, 900), 2)
+    sched.add_request(old)
+    sched.add_request(new)
+    run = Run()
+    while not any(s.preempted for s in run.steps):
+        record_step(sched, run)
+        if len(run.steps) == 1:
+            sched.add_request(later)  # no free slot: waits, and the preempted one goes first
+    assert run.steps[-1].preempted == ("new",)  # the most recently admitted goes
+    assert [s.request_id for s in sched.waiting][:2] == ["new", "later"]
+    run_until_idle(sched, run=run)
+    assert sched.stats().num_preempted_total >= 1
+    assert run.tokens == {r.request_id: expected_tokens(r) for r in (old, new, later)}
+    assert set(run.finish.values()) == {"length"}
+    assert sched.pool.num_used == 0
+
+
+def test_preempted_full_blocks_stay_cached_for_the_recompute() -> None:
+    sched = make_scheduler(num_gpu_blocks=8)
+    run = add_and_run(
+        sched, make_request("old", prompt(8, 0), 12), make_request("new", prompt(8, 500), 12)
+    )
+    assert any(s.preempted for s in run.steps)
+    assert run.cached["new"] == 0  # reported at first admission only
+    recompute = [s for s in run.steps if s.num_prefill_tokens and s is not run.steps[0]]
+    assert recompute and all(s.num_prefill_tokens < 8 + 12 for s in recompute)
+
+
+@pytest.mark.parametrize("when", ["waiting", "running"])
+def test_abort_frees_blocks(when: str) -> None:
+    sched = make_scheduler(max_num_seqs=1)
+    sched.add_request(make_request("a", 10, max_tokens=50))
+    sched.add_request(make_request("b", 10, max_tokens=50))
+    sched.step()
+    target = "b" if when == "waiting" else "a"
+    assert sched.abort(target) is True
+    assert sched.abort(target) is False and sched.abort("nope") is False
+    if when == "running":
+        assert sched.pool.num_used == 0
+        assert sched.stats().num_waiting == 1
+    run = run_until_idle(sched)
+    assert set(run.tokens) == {"b" if when == "running" else "a"}
+    assert sched.pool.num_used == 0
+
+
+def test_block_stored_events_match_the_fleet_hashing() -> None:
+    sched = make_scheduler()
+    req = make_request("a", 10, max_tokens=7)
+    sched.add_request(req)
+    sched.step()  # computes the 10 prompt tokens: blocks 0 and 1 are full
+    h = block_hashes(req.prompt_token_ids, BLOCK_SIZE)
+    assert sched.take_events() == [
+        BlockStored(tuple(h), None, req.prompt_token_ids[:8], BLOCK_SIZE)
+    ]
+    run = run_until_idle(sched)  # 10 + 6 computed tokens: blocks 2 and 3 fill with outputs
+    full = (*req.prompt_token_ids, *expected_tokens(req))
+    all_h = block_hashes(full, BLOCK_SIZE)
+    stored = [e for e in run.events if isinstance(e, BlockStored)]
+    assert [e.block_hashes for e in stored] == [(all_h[2],), (all_h[3],)]
+    assert [e.parent_block_hash for e in stored] == [all_h[1], all_h[2]]
+    assert [e.token_ids for e in stored] == [full[8:12], full[12:16]]
+
+
+def test_lora_seeds_the_block_hashes_and_isolates_the_cache() -> None:
+    sched = make_scheduler()
+    tokens = prompt(8)
+    run = add_and_run(sched, make_request("a", tokens, lora_name="x"))
+    [first] = [e for e in run.events if isinstance(e, BlockStored)][:1]
+    assert first.lora_name == "x"
+    assert list(first.block_hashes) == block_hashes(tokens, BLOCK_SIZE, hash_seed("x"))
+    sched.add_request(make_request("b", tokens))  # base model: no hit on the adapter's blocks
+    assert sched.step().outputs[0].num_cached_tokens == 0
+
+
+def test_new_work_evicts_cached_blocks_lru_and_reports_it() -> None:
+    sched = make_scheduler(num_gpu_blocks=4)
+    a = make_request("a", prompt(8, 0), max_tokens=1)
+    add_and_run(sched, a)
+    h = block_hashes(a.prompt_token_ids, BLOCK_SIZE)
+    assert sched.pool.num_cached == 2 and sched.pool.num_used == 0
+    sched.take_events()
+    run = add_and_run(sched, make_request("b", prompt(13, 500), max_tokens=1))
+    assert [e for e in run.events if isinstance(e, BlockRemoved)] == [BlockRemoved((h[1], h[0]))]
+    assert sched.pool.match_prefix(h) == []
+
+
+def test_reset_prefix_cache() -> None:
+    sched = make_scheduler()
+    tokens = prompt(12)
+    sched.add_request(make_request("a", tokens, max_tokens=3))
+    sched.step()
+    assert sched.reset_prefix_cache() is False  # blocks in use
+    run_until_idle(sched)
+    sched.take_events()
+    assert sched.reset_prefix_cache() is True
+    assert sched.take_events() == [AllBlocksCleared()]
+    sched.add_request(make_request("b", tokens))
+    assert sched.step().outputs[0].num_cached_tokens == 0
+
+
+def test_stats_during_a_run() -> None:
+    sched = make_scheduler(max_num_seqs=1, max_num_batched_tokens=8)
+    sched.add_request(make_request("a", 12))
+    sched.add_request(make_request("b", 5))
+    assert sched.stats().active_prefill_tokens == 17
+    sched.step()  # a's first chunk of 8
+    st = sched.stats()
+    assert (st.num_running, st.num_waiting, st.active_prefill_tokens) == (1, 1, 4 + 5)
+    assert st.active_decode_blocks == 2 and st.kv_usage == 2 / 64 and st.num_free_blocks == 62
+
+
+def random_workload(seed: int) -> list[tuple[int, SeqRequest]]:
+    rng = random.Random(seed)
+    heads = [prompt(rng.randint(4, 20), 1000 * k) for k in range(3)]
+    return [
+        (
+            rng.randint(0, 3),
+            make_request(
+                f"r{i}", (*rng.choice(heads), *prompt(rng.randint(1, 9), 50)), rng.randint(1, 12)
+            ),
+        )
+        for i in range(30)
+    ]
+
+
+def drive(seed: int) -> Run:
+    sched = make_scheduler(num_gpu_blocks=24, max_num_seqs=4, max_num_batched_tokens=24)
+    run = Run()
+    for gap, req in random_workload(seed):
+        sched.add_request(req)
+        for _ in range(gap):
+            record_step(sched, run)
+    return run_until_idle(sched, run=run)
+
+
+def test_deterministic() -> None:
+    a, b = drive(3), drive(3)
+    assert a.steps == b.steps and a.events == b.events
+    assert len(a.tokens) == 30 and set(a.finish.values()) == {"length"}
+    assert any(isinstance(e, BlockRemoved) for e in a.events)
