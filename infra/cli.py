@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ix)
     ix.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
     ix.add_argument("--metrics-port", type=int, default=0)
+    ix.add_argument(
+        "--snapshot-every",
+        type=float,
+        default=60.0,
+        help="seconds between index snapshots to the object store (0: off)",
+    )
 
     rs = sub.add_parser("router-service", help="route requests NATS clients submit")
     _common(rs)
@@ -182,7 +188,13 @@ def main(argv: list[str] | None = None) -> int:
 
         _run(
             run_indexer(
-                IndexerConfig(args.nats, args.redis, subjects, metrics_port=args.metrics_port)
+                IndexerConfig(
+                    args.nats,
+                    args.redis,
+                    subjects,
+                    metrics_port=args.metrics_port,
+                    snapshot_every_s=args.snapshot_every,
+                )
             )
         )
         return 0

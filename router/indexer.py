@@ -12,6 +12,10 @@
 - **Gaps heal.** A batch whose event id skips, or whose parent block is unknown, makes the indexer
   drop that worker's entries and ask the worker (control op ``kv_resync``) to publish its whole
   cache again as ``AllBlocksCleared`` + ``BlockStored``.
+- **Snapshots.** Every ``snapshot_every_s`` the leader writes the whole index (each worker's
+  engine -> fleet mapping and event id, with the applied sequence) to the object store; an indexer
+  that starts on an empty Redis restores it and replays only what came after, so FLEET_KV's
+  retention needs to cover just the time since the last snapshot.
 - **Departures.** A worker that leaves discovery has all its blocks dropped, and batches of it
   still in the stream are skipped (until it registers again).
 """
@@ -28,6 +32,7 @@ from typing import Any
 
 import structlog
 from nats.js import api
+from nats.js.errors import ObjectNotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from infra.deadletter import dead_letter
@@ -39,9 +44,12 @@ from router.kv.keys import LEADER_TTL_MS, KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import EventTranslator, IndexOp
 from schemas import ControlRequest, KvEventBatch, Subjects, WireDecodeError, decode, encode
-from schemas.kv_events import BlockStored
+from schemas.kv_events import BlockStored, IndexSnapshot
+from schemas.streams import KV_SNAPSHOT_STORE
 
 log = structlog.get_logger("jetfleet.indexer")
+
+SNAPSHOT_OBJECT = "latest"
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -59,6 +67,7 @@ class IndexerConfig:
     batch_max: int = 1024  # messages applied in one pipelined round trip
     leader_ttl_ms: int = LEADER_TTL_MS
     metrics_port: int = 0
+    snapshot_every_s: float = 60.0  # snapshot the index to the object store this often (0: off)
     indexer_id: str = field(default_factory=lambda: f"ix-{uuid.uuid4().hex[:8]}")
 
 
@@ -102,6 +111,8 @@ class Indexer:
         self.departed: set[str] = set()  # left discovery: their late events are ignored
         self._renew = redis.register_script(_RENEW)
         self.applied = 0
+        self._snapshot_at = time.monotonic()
+        self._snapshot_seq = 0
         self.log = log.bind(indexer_id=cfg.indexer_id)
 
     # ------------------------------------------------------------------ leadership
@@ -150,7 +161,44 @@ class Indexer:
                 self.metrics.leader.set(0)
                 await self.release_leadership()
 
+    async def restore_snapshot(self) -> int:
+        """Load the latest snapshot into an empty index; returns its sequence (0: none used)."""
+        if await self.index.applied_seq() > 0:
+            return 0
+        store = await self.js.object_store(self.cfg.subjects.bucket_name(KV_SNAPSHOT_STORE))
+        try:
+            obj = await store.get(SNAPSHOT_OBJECT)
+        except ObjectNotFoundError:
+            return 0
+        snap = decode(obj.data, IndexSnapshot)
+        await self.index.import_snapshot(snap)
+        self.log.info("indexer_restored_snapshot", seq=snap.seq, workers=len(snap.workers))
+        return snap.seq
+
+    async def snapshot(self) -> int:
+        """Write the index to the object store (call between commits); returns its sequence."""
+        snap = await self.index.export_snapshot()
+        store = await self.js.object_store(self.cfg.subjects.bucket_name(KV_SNAPSHOT_STORE))
+        await store.put(SNAPSHOT_OBJECT, encode(snap))
+        self._snapshot_at = time.monotonic()
+        self._snapshot_seq = snap.seq
+        self.log.info("indexer_snapshot_written", seq=snap.seq, workers=len(snap.workers))
+        return snap.seq
+
+    async def _maybe_snapshot(self) -> None:
+        every = self.cfg.snapshot_every_s
+        if (
+            every
+            and self.applied > self._snapshot_seq
+            and (time.monotonic() - self._snapshot_at >= every)
+        ):
+            try:
+                await self.snapshot()
+            except Exception as exc:  # the next interval retries; replay just gets longer
+                self.log.warning("indexer_snapshot_failed", error=str(exc))
+
     async def _consume(self, stop: asyncio.Event, lost: asyncio.Event) -> None:
+        await self.restore_snapshot()
         start = await self.index.applied_seq() + 1
         self.applied = start - 1
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -183,6 +231,7 @@ class Indexer:
                 prepared = await self._prepare(msgs)  # overlaps the previous group's commit
                 if commit is not None:
                     await commit
+                    await self._maybe_snapshot()
                 commit = asyncio.create_task(self._commit(prepared))
             if commit is not None:
                 await commit

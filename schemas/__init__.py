@@ -6,7 +6,14 @@ Nothing here does I/O or imports a transport client.
 from schemas.codec import WireDecodeError, decode, encode, to_builtins, to_json
 from schemas.control import ControlReply, ControlRequest, DeadLetter
 from schemas.discovery import ModelCard, WorkerRegistration, WorkerRole, WorkerStatus
-from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from schemas.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    IndexSnapshot,
+    KvEventBatch,
+    WorkerIndexSnapshot,
+)
 from schemas.metrics import RequestObservation, WorkerLoad
 from schemas.requests import (
     CancelRequested,
@@ -28,6 +35,7 @@ __all__ = [
     "ControlReply",
     "ControlRequest",
     "DeadLetter",
+    "IndexSnapshot",
     "KvEventBatch",
     "ModelCard",
     "Request",
@@ -42,6 +50,7 @@ __all__ = [
     "TokenChunk",
     "Usage",
     "WireDecodeError",
+    "WorkerIndexSnapshot",
     "WorkerLoad",
     "WorkerRegistration",
     "WorkerRole",

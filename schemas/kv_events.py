@@ -38,3 +38,24 @@ class KvEventBatch(msgspec.Struct, frozen=True, omit_defaults=True):
     ts_s: float
     events: tuple[KvCacheEvent, ...]
     v: int = 1
+
+
+class WorkerIndexSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One worker's entries in a prefix index snapshot."""
+
+    model: str
+    worker_id: str
+    event_id: int  # last applied event id of this worker
+    engine_hashes: bytes  # 8 big-endian bytes per block, paired with fleet_hashes
+    fleet_hashes: bytes
+
+
+class IndexSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The whole prefix index as of FLEET_KV stream sequence ``seq`` (object store
+    ``fleet_kv_snapshots``, object ``latest``): an indexer restores it, then replays from
+    ``seq + 1``, so the stream only has to keep what came after the last snapshot."""
+
+    seq: int
+    ts_s: float
+    workers: tuple[WorkerIndexSnapshot, ...] = ()
+    v: int = 1

@@ -40,6 +40,10 @@ def unpack_hash(raw: bytes) -> int:
     return int.from_bytes(raw, "big")
 
 
+def unpack_blob(blob: bytes) -> tuple[int, ...]:
+    return struct.unpack(f">{len(blob) // 8}Q", blob)
+
+
 @dataclass(frozen=True)
 class KvKeys:
     ns: str

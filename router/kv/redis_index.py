@@ -9,14 +9,16 @@ and the number of workers.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from router.kv import lua
 from router.kv.index import ApplyResult
-from router.kv.keys import KvKeys, pack_hashes, unpack_hash
+from router.kv.keys import KvKeys, pack_hashes, unpack_blob, unpack_hash
 from router.kv.routing import RouteCall, RouteOutcome
 from router.kv.translate import ClearOp, IndexOp, StoreOp
+from schemas.kv_events import IndexSnapshot, WorkerIndexSnapshot
 
 
 def _op_args(ops: Sequence[IndexOp]) -> list[str | bytes]:
@@ -132,6 +134,34 @@ class RedisPrefixIndex:
             for f in (await self.redis.hgetall(key)).values():
                 out.setdefault(model, {}).setdefault(unpack_hash(f), set()).add(worker)
         return {m: {h: frozenset(w) for h, w in b.items()} for m, b in out.items()}
+
+    async def export_snapshot(self) -> IndexSnapshot:
+        """Every worker's mapping and event id, with the applied sequence (consistent when the
+        caller is the only writer, i.e. the leading indexer between commits)."""
+        seq = await self.applied_seq()
+        workers: list[WorkerIndexSnapshot] = []
+        prefix = f"{self.keys.ns}:map:"
+        async for key in self.redis.scan_iter(match=f"{prefix}*", count=1000):
+            model, worker = _s(key)[len(prefix) :].rsplit(":", 1)
+            raw = await self.redis.hgetall(key)
+            evid = await self.redis.hget(self.keys.evid(model), worker)
+            workers.append(
+                WorkerIndexSnapshot(
+                    model, worker, int(evid or 0), b"".join(raw.keys()), b"".join(raw.values())
+                )
+            )
+        return IndexSnapshot(seq=seq, ts_s=time.time(), workers=tuple(workers))
+
+    async def import_snapshot(self, snap: IndexSnapshot) -> None:
+        """Load a snapshot into an empty index (then replay the stream from ``snap.seq + 1``)."""
+        items: list[tuple[str, str, int, int, Sequence[IndexOp]]] = []
+        for w in snap.workers:
+            engine, fleet = unpack_blob(w.engine_hashes), unpack_blob(w.fleet_hashes)
+            items.append(
+                (w.model, w.worker_id, w.event_id, 0, [StoreOp(w.worker_id, engine, fleet)])
+            )
+        await self.apply_many(items)
+        await self.redis.hset(self.keys.pos, "seq", snap.seq)
 
 
 def _s(v: bytes | str) -> str:

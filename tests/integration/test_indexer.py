@@ -139,3 +139,31 @@ async def test_undecodable_batch_is_dead_lettered_and_position_moves(nc, subject
     await wait_for(lambda: run.indexer.applied >= last, timeout=10)
     assert await run.indexer.index.applied_seq() == last
     await run.halt()
+
+
+async def test_snapshot_bounds_the_replay(nc, subjects, rig):
+    js = nc.jetstream()
+    first, second = (
+        mocker_event_batches(requests=40, seed=7),
+        mocker_event_batches(requests=40, seed=8),
+    )
+    second = [
+        KvEventBatch(f"x{b.worker_id}", b.model, b.event_id, b.ts_s, b.events) for b in second
+    ]
+    snap_seq = await publish_all(nc, subjects, first)
+    run = Running(rig())
+    await wait_for(lambda: run.indexer.applied >= snap_seq, timeout=20)
+    assert await run.indexer.snapshot() == snap_seq
+    last = await publish_all(nc, subjects, second)
+    await wait_for(lambda: run.indexer.applied >= last, timeout=20)
+    await run.halt()
+    # lose Redis, and the stream's history before the snapshot
+    async for key in run.indexer.redis.scan_iter(match=f"jf:{subjects.prefix}:*"):
+        await run.indexer.redis.delete(key)
+    await js.purge_stream(subjects.stream_name("KV"), seq=snap_seq + 1)
+    info = await js.stream_info(subjects.stream_name("KV"))
+    assert info.state.first_seq == snap_seq + 1
+    restored = Running(rig())
+    await wait_for(lambda: restored.indexer.applied >= last, timeout=20)
+    assert await restored.indexer.index.dump() == await reference(first + second)
+    await restored.halt()

@@ -17,6 +17,7 @@ from schemas import (
     ControlReply,
     ControlRequest,
     DeadLetter,
+    IndexSnapshot,
     KvEventBatch,
     ModelCard,
     Request,
@@ -29,6 +30,7 @@ from schemas import (
     TokenChunk,
     Usage,
     WireDecodeError,
+    WorkerIndexSnapshot,
     WorkerLoad,
     WorkerRegistration,
     decode,
@@ -70,7 +72,10 @@ FINAL_CHUNK = TokenChunk(
     "r1", 0, 0, (1, 2), "hi", "stop", Usage(3, 2, cached_tokens=1), worker_id="w1"
 )
 
+SNAP_WORKER = WorkerIndexSnapshot("m", "w1", 3, b"\x00" * 8, b"\x01" * 8)
 SAMPLES: list[msgspec.Struct] = [
+    SNAP_WORKER,
+    IndexSnapshot(seq=42, ts_s=1.0, workers=(SNAP_WORKER,)),
     ControlRequest(args={"lora": "a"}),
     ControlRequest(),
     ControlReply(ok=True, detail="fine", data={"loras": ["a", "b"], "n": 2}),
