@@ -44,7 +44,7 @@ from router.kv.keys import LEADER_TTL_MS, KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import EventTranslator, IndexOp
 from schemas import ControlRequest, KvEventBatch, Subjects, WireDecodeError, decode, encode
-from schemas.kv_events import BlockStored, IndexSnapshot
+from schemas.kv_events import BlockRemoved, BlockStored, IndexSnapshot
 from schemas.streams import KV_SNAPSHOT_STORE
 
 log = structlog.get_logger("jetfleet.indexer")
@@ -289,9 +289,10 @@ class Indexer:
         for ev in batch.events:
             if isinstance(ev, BlockStored):
                 self.metrics.blocks.labels("stored").inc(len(ev.block_hashes))
+            elif isinstance(ev, BlockRemoved):
+                self.metrics.blocks.labels("removed").inc(len(ev.block_hashes))
             else:
-                kind = "removed" if hasattr(ev, "block_hashes") else "cleared"
-                self.metrics.blocks.labels(kind).inc(len(getattr(ev, "block_hashes", ())) or 1)
+                self.metrics.blocks.labels("cleared").inc()
 
     async def _translate(self, batch: KvEventBatch) -> list[IndexOp] | None:
         wid = batch.worker_id

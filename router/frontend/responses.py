@@ -50,15 +50,14 @@ class ChatShape:
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         return sse({**self.head, "choices": [], "usage": usage})
 
+    def full_choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
+        message = {"role": "assistant", "content": text}
+        return {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
+
     def full(self, texts: list[str], reasons: list[str | None], usage: dict[str, Any]) -> bytes:
+        """The whole (non-streamed) response body."""
         choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": t},
-                "logprobs": None,
-                "finish_reason": r,
-            }
-            for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
+            self.full_choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
         ]
         return encode(
             {
@@ -85,18 +84,5 @@ class CompletionShape(ChatShape):
         choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return sse({**self.head, "choices": [choice]})
 
-    def full(self, texts: list[str], reasons: list[str | None], usage: dict[str, Any]) -> bytes:
-        choices = [
-            {"index": i, "text": t, "logprobs": None, "finish_reason": r}
-            for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
-        ]
-        return encode(
-            {
-                "id": self.rid,
-                "object": self.object_full,
-                "created": self.created,
-                "model": self.model,
-                "choices": choices,
-                "usage": usage,
-            }
-        )
+    def full_choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}

@@ -23,6 +23,7 @@ import time
 
 from infra.embedded import EmbeddedRedis
 from infra.jetstream import connect_redis
+from infra.logs import configure_logging
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.routing import CandidateLoad, RouteCall
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=8192)
     ap.add_argument("--calls", type=int, default=2000)
+    configure_logging("warning")  # stdout carries only the JSON
     print(json.dumps(asyncio.run(run(ap.parse_args(argv))), indent=2))
     return 0
 

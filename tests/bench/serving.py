@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
-import tempfile
 import urllib.request
-from pathlib import Path
 
-from infra.embedded import EmbeddedNats
 from infra.logs import configure_logging
-from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
+from tests.bench.fleetctl import BenchFleet
 from tests.bench.loadgen import run_level, summarize
 from tests.bench.procstat import CpuMeter
-from tests.e2e.fleet import free_port
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,48 +44,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def start_fleet(
-    args: argparse.Namespace, tmp: Path
-) -> tuple[EmbeddedNats, ProcessGroup, str, dict[str, int]]:
-    nats = EmbeddedNats(tmp / "nats", port=0)
-    nats.start()
-    group = ProcessGroup(tmp / "logs")
-    common = ["--nats", nats.url, "--log-level", "warning"]
-    for i in range(args.workers):
-        group.start(
-            f"worker-{i}",
-            cli_command(
-                "worker",
-                *common,
-                "--speedup",
-                str(args.speedup),
-                "--max-num-seqs",
-                "256",
-                "--flush-interval-ms",
-                str(args.flush_interval_ms),
-            ),
-        )
-    port = free_port()
-    group.start(
-        "frontend",
-        cli_command(
-            "frontend",
-            *common,
-            "--port",
-            str(port),
-            "--router",
-            args.router,
-            "--max-waiting-per-worker",
-            "100000",
-        ),
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_http_ok(f"{url}/ready", 60, group)
-    pids = {name: c.proc.pid for name, c in group.children.items()}
-    pids["nats-server"] = nats.pid
-    return nats, group, url, pids
-
-
 def warm_up(url: str, model: str) -> None:
     body = json.dumps({"model": model, "prompt": "warm up", "max_tokens": 4}).encode()
     req = urllib.request.Request(
@@ -102,54 +57,71 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging("warning")  # logs to stderr; stdout carries only the JSON
     levels = [int(c) for c in args.concurrency.split(",")]
-    with tempfile.TemporaryDirectory(prefix="jetfleet-bench-") as tmp:
-        nats = group = None
-        pids: dict[str, int] = {}
-        url = args.url
-        try:
-            if url is None:
-                nats, group, url, pids = start_fleet(args, Path(tmp))
-            warm_up(url, args.model)
-            out = []
-            for c in levels:
-                n = args.requests or max(100, 40 * c)
-                meter = CpuMeter(pids)
-                meter.start()
-                level = asyncio.run(
-                    run_level(url, args.model, c, n, args.prompt_tokens, args.output_tokens, seed=c)
-                )
-                cpu = meter.stop()
-                row = summarize(level)
-                row["cpu_s"] = cpu
-                row["cpu_s_per_request"] = {
-                    k: round(v / max(row["requests"], 1) * 1000, 3) for k, v in cpu.items()
-                }  # milliseconds of CPU per request, per process
-                errors = [r.error for r in level.results if not r.ok][:3]
-                if errors:
-                    row["error_samples"] = errors
-                out.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-            print(
-                json.dumps(
-                    {
-                        "benchmark": "serving",
-                        "prompt_tokens": args.prompt_tokens,
-                        "output_tokens": args.output_tokens,
-                        "speedup": args.speedup,
-                        "workers": args.workers,
-                        "router": args.router,
-                        "flush_interval_ms": args.flush_interval_ms,
-                        "levels": out,
-                    },
-                    indent=2,
+    with contextlib.ExitStack() as stack:
+        url, pids = args.url, {}
+        if url is None:
+            fleet = stack.enter_context(
+                BenchFleet(
+                    workers=args.workers,
+                    router=args.router,
+                    worker_args=(
+                        "--speedup",
+                        str(args.speedup),
+                        "--max-num-seqs",
+                        "256",
+                        "--flush-interval-ms",
+                        str(args.flush_interval_ms),
+                    ),
                 )
             )
-        finally:
-            if group is not None:
-                group.stop_all(timeout_s=20)
-            if nats is not None:
-                nats.stop()
+            url, pids = fleet.url, {k: v for k, v in fleet.pids.items() if k != "redis-server"}
+        warm_up(url, args.model)
+        out = [run_one(url, c, args, pids) for c in levels]
+    print(
+        json.dumps(
+            {
+                "benchmark": "serving",
+                "prompt_tokens": args.prompt_tokens,
+                "output_tokens": args.output_tokens,
+                "speedup": args.speedup,
+                "workers": args.workers,
+                "router": args.router,
+                "flush_interval_ms": args.flush_interval_ms,
+                "levels": out,
+            },
+            indent=2,
+        )
+    )
     return 0
+
+
+def run_one(url: str, concurrency: int, args: argparse.Namespace, pids: dict[str, int]) -> dict:
+    n = args.requests or max(100, 40 * concurrency)
+    meter = CpuMeter(pids)
+    meter.start()
+    level = asyncio.run(
+        run_level(
+            url,
+            args.model,
+            concurrency,
+            n,
+            args.prompt_tokens,
+            args.output_tokens,
+            seed=concurrency,
+        )
+    )
+    cpu = meter.stop()
+    row: dict = summarize(level)
+    row["cpu_s"] = cpu
+    # milliseconds of CPU per request, per process
+    row["cpu_ms_per_request"] = {
+        k: round(v / max(row["requests"], 1) * 1000, 3) for k, v in cpu.items()
+    }
+    errors = [r.error for r in level.results if not r.ok][:3]
+    if errors:
+        row["error_samples"] = errors
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""Every benchmark still runs and prints its JSON (toy sizes; the real runs are manual)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def run_bench(module: str, *args: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", f"tests.bench.{module}", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_serving_bench():
+    d = run_bench("serving", "--concurrency", "2", "--requests", "10", "--output-tokens", "8")
+    (level,) = d["levels"]
+    assert level["requests"] == 10 and level["errors"] == 0
+    assert level["requests_per_s"] > 0 and level["ttft_ms_p50"] > 0
+    assert set(level["cpu_s"]) >= {"frontend", "worker-0", "nats-server", "load_client"}
+
+
+def test_routing_quality_bench():
+    d = run_bench(
+        "routing_quality",
+        "--policies",
+        "kv,round-robin",
+        "--requests",
+        "24",
+        "--concurrency",
+        "4",
+        "--speedup",
+        "50",
+        "--prefixes",
+        "2",
+        "--prefix-tokens",
+        "256",
+        "--unique-tokens",
+        "32",
+        "--output-tokens",
+        "4",
+    )
+    by_policy = {r["policy"]: r for r in d["results"]}
+    assert by_policy["kv"]["errors"] == 0 and by_policy["round-robin"]["errors"] == 0
+    assert by_policy["kv"]["cached_share"] > 0
+
+
+def test_match_latency_bench():
+    d = run_bench("match_latency", "--workers", "8", "--prompt-tokens", "2304", "--calls", "20")
+    assert d["typical"]["p50_ms"] > 0 and d["all_hold_all"]["mean_best_overlap_blocks"] == 144
+
+
+def test_indexer_throughput_bench():
+    d = run_bench("indexer_throughput", "--events", "5000", "--workers", "2")
+    assert d["block_events"] >= 5000 and d["block_events_per_s"] > 0
