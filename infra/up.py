@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import threading
 from pathlib import Path
@@ -17,11 +18,23 @@ from schemas import Subjects
 log = structlog.get_logger("jetfleet.up")
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
+class _Stop(Exception):
+    """SIGINT/SIGTERM arrived: unwind through the ``finally`` blocks that stop everything."""
+
+
+def _raise_stop(signum: int, _frame: object) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _install_stop_handlers() -> None:
+    """From the first moment: a signal during start-up must still stop what was started."""
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(sig, _raise_stop)
+
+
+def _wait_for_signal() -> None:
+    with contextlib.suppress(_Stop):
+        threading.Event().wait()
 
 
 def _servers(args: argparse.Namespace) -> tuple[EmbeddedNats, EmbeddedRedis]:
@@ -38,6 +51,7 @@ def _servers(args: argparse.Namespace) -> tuple[EmbeddedNats, EmbeddedRedis]:
 
 
 def run_servers(args: argparse.Namespace) -> int:
+    _install_stop_handlers()
     nats, redis = _servers(args)
     print(f"NATS  {nats.url}\nRedis {redis.url}\n(Ctrl-C stops them)", flush=True)
     try:
@@ -66,6 +80,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
 
     from infra.tools import infra_init
 
+    _install_stop_handlers()
     nats, redis = _servers(args)
     group = ProcessGroup(Path(args.state_dir).resolve() / "logs")
     common = [
@@ -119,7 +134,11 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         )
         _wait_for_signal()
         print("stopping: draining workers and frontend...", flush=True)
+    except _Stop:
+        print("interrupted during start-up: stopping what was started", flush=True)
+        return 130
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the drain
         group.stop_all()
         redis.stop()
         nats.stop()
