@@ -292,6 +292,9 @@ class FleetClient:
             subject, decision = await self._route(new_req, gen.tried)
         except NoWorkersError as exc:
             return _error_chunk(new_req, 0, f"{reason}; {exc}")
+        except Exception as exc:  # routing backend down (Redis): end clearly, not with a hang
+            log.error("migration_routing_failed", request_id=old.request_id, error=str(exc))
+            return _error_chunk(new_req, 0, f"{reason}; routing failed: {exc}")
         if decision is not None:
             gen.request = _with_route(new_req, decision)
             gen.decision = decision
@@ -300,7 +303,10 @@ class FleetClient:
         else:
             gen.worker_id = ""
         self._count(gen.worker_id, +1)
-        await self._publish(gen, subject)
+        try:
+            await self._publish(gen, subject)
+        except Exception as exc:
+            return _error_chunk(gen.request, 0, f"{reason}; could not republish: {exc}")
         return None
 
     def worker_gone(self, worker_id: str) -> None:

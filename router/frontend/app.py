@@ -9,6 +9,7 @@ streaming has begun). A client that disconnects cancels its generation on the wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -112,11 +113,17 @@ class Frontend:
                 raise OpenAIError(404, f"Unknown path {path}", type="not_found_error")
         except OpenAIError as err:
             await self._error(send, err)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug: still an OpenAI-style JSON error, and logged
+            log.exception("frontend_unhandled_error", path=path, error=str(exc))
+            with contextlib.suppress(Exception):
+                await self._error(send, OpenAIError(500, "internal error", type="server_error"))
 
     def _authorized(self, scope: asgi.Scope) -> bool:
         return any(k == b"authorization" and v in self._auth for k, v in scope["headers"])
 
-    async def _error(self, send: asgi.Send, err: OpenAIError, model: str = "") -> None:
+    async def _error(self, send: asgi.Send, err: OpenAIError) -> None:
         headers = []
         if err.status in (429, 503):
             headers.append((b"retry-after", str(self.cfg.retry_after_s).encode()))
@@ -276,6 +283,17 @@ class Frontend:
                 str(exc),
                 type="service_unavailable",
                 code="overloaded" if isinstance(exc, OverloadedError) else "no_workers",
+            ) from None
+        except Exception as exc:  # NATS or Redis unavailable: nothing was accepted
+            for g in gens:
+                await g.cancel("routing_failed")
+            log.error("routing_failed", model=model, error=str(exc))
+            self.metrics.requests.labels(model, endpoint, "503").inc()
+            raise OpenAIError(
+                503,
+                f"routing unavailable: {exc}",
+                type="service_unavailable",
+                code="routing_unavailable",
             ) from None
         return gens
 

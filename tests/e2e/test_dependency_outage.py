@@ -1,0 +1,45 @@
+"""Redis goes away under a kv frontend: clear 503s and not-ready, then recovery on its own."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from infra.embedded import EmbeddedRedis
+from tests.e2e.fleet import Fleet
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+M = "jetfleet-tiny"
+
+
+async def test_redis_outage_gives_503_then_recovers(nats_server, tmp_path):
+    redis = EmbeddedRedis(tmp_path / "redis", port=0)
+    redis.start()
+    f = Fleet(nats_server.url, tmp_path / "logs", redis_url=redis.url)
+    try:
+        f.add_worker()
+        f.start_indexer()
+        f.start_frontend("--router", "kv")
+        body = {"model": M, "prompt": "hello", "max_tokens": 2}
+        async with httpx.AsyncClient(timeout=30) as client:
+            url = f"{f.base_url}/v1/completions"
+            assert (await client.post(url, json=body)).status_code == 200
+            redis.stop()
+            r = await client.post(url, json=body)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "routing_unavailable"
+            ready = await client.get(f"{f.base_url}/ready")
+            assert ready.status_code == 503
+            assert any("redis" in reason for reason in ready.json()["reasons"])
+            redis.start()  # same port
+
+            async def serves() -> bool:
+                return (await client.post(url, json=body)).status_code == 200
+
+            await wait_for(serves, timeout=20, interval=0.5)
+            assert (await client.get(f"{f.base_url}/ready")).status_code == 200
+    finally:
+        f.stop()
+        redis.stop()
