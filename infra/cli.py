@@ -119,7 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--role", choices=["agg", "prefill", "decode"], default="agg")
     wk.add_argument("--worker-id", default=None)
     wk.add_argument("--metrics-port", type=int, default=0)
-    wk.add_argument("--flush-interval-ms", type=float, default=5.0)
+    wk.add_argument(
+        "--flush-interval-ms",
+        type=float,
+        default=5.0,
+        help="longest a token waits before it is published, at light load",
+    )
+    wk.add_argument(
+        "--max-flush-interval-ms",
+        type=float,
+        default=20.0,
+        help="the same under a full batch (the window grows with the batch)",
+    )
 
     ix = sub.add_parser("indexer", help="KV indexer: FLEET_KV -> Redis prefix index")
     _common(ix)
@@ -262,6 +273,7 @@ def _worker(args: argparse.Namespace, subjects: Any) -> int:
         subjects=subjects,
         worker_id=args.worker_id or new_worker_id(),
         flush_interval_s=args.flush_interval_ms / 1000.0,
+        max_flush_interval_s=args.max_flush_interval_ms / 1000.0,
         metrics_port=args.metrics_port,
         block_size=args.block_size,
     )

@@ -27,10 +27,19 @@ class WorkerConfig:
     heartbeat_interval_s: float = 1.0  # registration refresh period
     ttl_s: float = 4.0  # routers drop the worker when its heartbeat is older than this
     load_interval_s: float = 0.25  # WorkerLoad report period
-    flush_interval_s: float = 0.005  # longest a generated token waits before it is published
+    flush_interval_s: float = 0.005  # longest a token waits before it is published (light load)
+    max_flush_interval_s: float = 0.02  # ... under a full batch (see WorkerRuntime.flush_interval)
+    flush_batch_unit: int = 16  # the window grows by flush_interval_s per this many requests
     ack_wait_s: float = 30.0  # JetStream redelivers a request not touched for this long
     drain_timeout_s: float = 60.0  # SIGTERM: longest wait for in-flight requests
     max_pending_requests: int = 1024  # un-acked routed requests the server may push at once
     metrics_port: int = 0  # Prometheus /metrics; 0 = off
     block_size: int = 16
     pid: int = field(default_factory=os.getpid)
+
+    def flush_window(self, in_flight: int) -> float:
+        """Coalescing window for ``in_flight`` requests: the base up to ``flush_batch_unit``,
+        then growing with the batch, never past ``max_flush_interval_s``."""
+        grown = self.flush_interval_s * in_flight / max(self.flush_batch_unit, 1)
+        cap = max(self.max_flush_interval_s, self.flush_interval_s)
+        return min(max(self.flush_interval_s, grown), cap)

@@ -39,3 +39,26 @@ def test_outputs_after_finish_are_ignored():
     ar.on_output(EngineOutput("r1", (5,)))
     assert ar.take_chunk().finish_reason == "abort"
     assert flushes == [True]
+
+
+def test_flush_window_grows_with_the_batch_within_bounds():
+    from pathlib import Path
+
+    from workers.config import WorkerConfig
+
+    cfg = WorkerConfig(
+        "nats://x",
+        Path("."),
+        "m",
+        flush_interval_s=0.005,
+        max_flush_interval_s=0.02,
+        flush_batch_unit=16,
+    )
+    assert [cfg.flush_window(n) for n in (0, 1, 16, 32, 64, 256)] == [
+        0.005,
+        0.005,
+        0.005,
+        0.01,
+        0.02,
+        0.02,
+    ]
