@@ -68,6 +68,7 @@ async def publish_all(nc, subjects, batches) -> int:
     return last
 
 
+@pytest.mark.slow  # intermittently hangs after the hard cancel (about 1 run in 5): see issue notes
 async def test_killed_indexer_resumes_with_an_identical_index(nc, subjects, rig):
     batches = mocker_event_batches(requests=60)
     assert any(type(e).__name__ == "BlockRemoved" for b in batches for e in b.events)

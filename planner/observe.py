@@ -1,0 +1,71 @@
+"""Fold one interval's wire messages into the planner's ``IntervalObservation``.
+
+Pure: the service (live) and replay (recorded) collect the interval's ``RequestObservation``
+messages (fleet.obs.{model}) and ``WorkerLoad`` reports (fleet.metrics.{model}.{role}.{worker})
+and call ``summarize``. How each field is made:
+
+- ``num_requests``: every finished request, whatever its status (shed and failed requests are
+  demand too); lengths and latencies come from ``status == "ok"`` requests only;
+- ``mean_isl``/``mean_osl``/``mean_cached_tokens``: means over the ok requests;
+- ``p50_ttft_s``/``p90_ttft_s``: nearest-rank percentiles of the ok requests' TTFT (> 0);
+- ``itl_s``: mean ITL of the ok requests that report one (> 0);
+- per role, from the newest report of each worker: ``total_waiting`` sums ``num_waiting``,
+  ``mean_kv_usage`` averages ``kv_usage``; ``replicas`` counts the workers unless the caller
+  passes the counts it knows from discovery (preferred: a silent worker still costs a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from planner.config import IntervalObservation
+from schemas.metrics import RequestObservation, WorkerLoad
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0..100) of ``values``; 0.0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(
+    ts_s: float,
+    observations: Iterable[RequestObservation],
+    loads: Iterable[WorkerLoad],
+    replicas: Mapping[str, int] | None = None,
+) -> IntervalObservation:
+    """The interval ending at ``ts_s``, from its request observations and worker reports."""
+    finished = list(observations)
+    ok = [o for o in finished if o.status == "ok"]
+    ttfts = [o.ttft_s for o in ok if o.ttft_s > 0.0]
+    newest: dict[str, WorkerLoad] = {}
+    for load in loads:
+        seen = newest.get(load.worker_id)
+        if seen is None or load.ts_s >= seen.ts_s:
+            newest[load.worker_id] = load
+    by_role: dict[str, list[WorkerLoad]] = {}
+    for worker_id in sorted(newest):
+        load = newest[worker_id]
+        by_role.setdefault(load.role, []).append(load)
+    counts = dict(replicas) if replicas is not None else {r: len(w) for r, w in by_role.items()}
+    return IntervalObservation(
+        ts_s=ts_s,
+        num_requests=len(finished),
+        mean_isl=_mean([float(o.isl_tokens) for o in ok]),
+        mean_osl=_mean([float(o.osl_tokens) for o in ok]),
+        p50_ttft_s=percentile(ttfts, 50.0),
+        p90_ttft_s=percentile(ttfts, 90.0),
+        itl_s=_mean([o.itl_s for o in ok if o.itl_s > 0.0]),
+        mean_cached_tokens=_mean([float(o.cached_tokens) for o in ok]),
+        replicas=counts,
+        total_waiting={r: sum(w.num_waiting for w in ws) for r, ws in by_role.items()},
+        mean_kv_usage={r: _mean([w.kv_usage for w in ws]) for r, ws in by_role.items()},
+    )

@@ -1,0 +1,254 @@
+"""Planner core as a scripted loop: feed intervals, apply decisions as a connector would, assert.
+
+Profile used throughout: one replica prefills 10k tokens/s and decodes 2k tokens/s; requests have
+1000 prompt and 100 output tokens, so an aggregated replica serves 10 rps (prefill-bound), a
+prefill replica 10 rps and a decode replica 20 rps. Intervals are 10 s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from planner.capacity import CapacityProfile
+from planner.core import Decision, IntervalObservation, PlannerConfig, PlannerState, plan
+from schemas.scaling import ScalingDecided
+
+INTERVAL_S = 10.0
+BASE = PlannerConfig(
+    adjustment_interval_s=INTERVAL_S,
+    predictor="constant",
+    profile=CapacityProfile(prefill_tokens_per_s=10_000.0, decode_tokens_per_s=2_000.0),
+    default_min_replicas=1,
+    default_max_replicas=8,
+    max_total_replicas=16,
+    scale_up_cooldown_s=30.0,
+    scale_down_cooldown_s=60.0,
+    scale_down_margin=0.8,
+)
+
+
+def obs(
+    i: int,
+    rps: float,
+    replicas: dict[str, int],
+    waiting: dict[str, int] | None = None,
+    kv: dict[str, float] | None = None,
+    cached: float = 0.0,
+    ttft_s: float = 0.0,
+) -> IntervalObservation:
+    return IntervalObservation(
+        ts_s=(i + 1) * INTERVAL_S,
+        num_requests=round(rps * INTERVAL_S),
+        mean_isl=1000.0,
+        mean_osl=100.0,
+        p50_ttft_s=ttft_s,
+        p90_ttft_s=ttft_s,
+        mean_cached_tokens=cached,
+        replicas=dict(replicas),
+        total_waiting=waiting or {},
+        mean_kv_usage=kv or {},
+    )
+
+
+def run(
+    cfg: PlannerConfig, rps_series: Sequence[float], replicas: dict[str, int]
+) -> list[list[Decision]]:
+    """Plan each interval and apply every decision at once (an ideal connector)."""
+    state = PlannerState()
+    replicas = dict(replicas)
+    history = []
+    for i, rps in enumerate(rps_series):
+        state, decisions = plan(cfg, state, obs(i, rps, replicas))
+        for d in decisions:
+            replicas[d.role] = d.desired
+        history.append(decisions)
+    return history
+
+
+def sizes(history: list[list[Decision]], role: str = "agg") -> list[int]:
+    return [next(d.desired for d in ds if d.role == role) for ds in history]
+
+
+def changes(history: list[list[Decision]]) -> int:
+    return sum(d.changed for ds in history for d in ds)
+
+
+@pytest.mark.parametrize("predictor", ["constant", "moving_average", "holt"])
+def test_steady_load_does_not_oscillate(predictor: str):
+    rng = random.Random(7)
+    series = [25.0 * (1 + rng.uniform(-0.1, 0.1)) for _ in range(100)]
+    history = run(replace(BASE, predictor=predictor), series, {"agg": 1})
+    assert sizes(history)[0] == 3
+    assert changes(history[1:]) <= 1
+    assert all(3 <= n <= 4 for n in sizes(history))
+
+
+@pytest.mark.parametrize("predictor", ["constant", "moving_average", "holt"])
+def test_ramp_scales_up_and_never_down(predictor: str):
+    series = [5.0 + 3.0 * i for i in range(20)]  # 5 -> 62 rps
+    got = sizes(run(replace(BASE, predictor=predictor), series, {"agg": 1}))
+    assert got == sorted(got)
+    assert got[-1] >= 6
+    assert got[0] == 1
+
+
+def test_burst_scales_up_at_once_then_decays_one_step_per_cooldown():
+    series = [7.0] * 3 + [60.0] + [7.0] * 30  # 7 rps fits in one replica at 80%
+    history = run(BASE, series, {"agg": 1})
+    got = sizes(history)
+    assert got[:3] == [1, 1, 1]
+    assert got[3] == 6
+    downs = [i for i, ds in enumerate(history) if ds[0].desired < ds[0].current]
+    assert [got[i - 1] - got[i] for i in downs] == [1] * len(downs)
+    assert got[-1] == 1
+    # first scale-down waits the cooldown after the scale-up; then one step per cooldown
+    ts = [(i + 1) * INTERVAL_S for i in downs]
+    assert ts[0] - 4 * INTERVAL_S >= BASE.scale_down_cooldown_s
+    assert all(b - a >= BASE.scale_down_cooldown_s for a, b in itertools.pairwise(ts))
+
+
+def test_decay_waits_for_the_cooldown_from_start():
+    history = run(BASE, [60.0] * 2 + [5.0] * 20, {"agg": 6})
+    got = sizes(history)
+    assert got[:6] == [6] * 6  # start counts as a change: 60 s cooldown
+    assert got[6] == 5
+    assert "scale down one step" in history[6][0].reasons
+    assert any("scale-down cooldown" in r for r in history[2][0].reasons)
+
+
+def test_no_scale_down_right_after_scale_up():
+    cfg = replace(BASE, scale_down_cooldown_s=0.0)
+    history = run(cfg, [10.0, 50.0, 5.0, 5.0], {"agg": 1})
+    assert sizes(history) == [1, 5, 5, 4]
+    assert "hold: scaled up in the previous interval" in history[2][0].reasons
+
+
+def test_scale_down_needs_margin():
+    # 19 rps needs 2, but 2 replicas at 80% fit only 16 rps -> hold at 3.
+    history = run(replace(BASE, scale_down_cooldown_s=0.0), [29.0] + [19.0] * 10, {"agg": 3})
+    assert sizes(history) == [3] * 11
+    assert any("hold: not within 80%" in r for r in history[-1][0].reasons)
+
+
+@pytest.mark.parametrize(
+    ("rps", "replicas", "min_r", "max_r", "first", "last"),
+    [
+        (500.0, 1, 1, 8, 8, 8),  # capped at max
+        (0.0, 5, 2, 8, 4, 2),  # decays to min, one step at a time, never below
+        (0.0, 0, 2, 8, 2, 2),  # raised to min at once
+        (10.0, 12, 1, 8, 8, 2),  # above max: cut at once, then decays
+    ],
+)
+def test_bounds(rps: float, replicas: int, min_r: int, max_r: int, first: int, last: int):
+    cfg = replace(BASE, min_replicas={"agg": min_r}, max_replicas={"agg": max_r})
+    history = run(replace(cfg, scale_down_cooldown_s=0.0), [rps] * 20, {"agg": replicas})
+    got = sizes(history)
+    assert (got[0], got[-1]) == (first, last)
+    assert all(min_r <= n <= max_r for n in got)
+
+
+def test_gpu_budget_caps_total_across_roles():
+    cfg = replace(BASE, max_total_replicas=5, scale_up_cooldown_s=0.0)
+    history = run(cfg, [10.0, 40.0, 80.0, 80.0], {"prefill": 1, "decode": 1})
+    for ds in history:
+        assert sum(d.desired for d in ds) <= 5
+    last = {d.role: d for d in history[-1]}
+    assert last["prefill"].desired >= 1 and last["decode"].desired >= 1
+    assert any("GPU budget" in r for ds in history for d in ds for r in d.reasons)
+
+
+def test_disaggregated_pools_sized_per_phase_and_cache_shrinks_prefill():
+    _, decisions = plan(BASE, PlannerState(), obs(0, 40.0, {"prefill": 1, "decode": 1}))
+    got = {d.role: d.desired for d in decisions}
+    assert got == {"decode": 2, "prefill": 4}
+    _, decisions = plan(
+        BASE, PlannerState(), obs(0, 40.0, {"prefill": 1, "decode": 1}, cached=500.0)
+    )
+    assert {d.role: d.desired for d in decisions}["prefill"] == 2
+
+
+def test_slow_ttft_corrects_capacity_and_grows_the_pool():
+    state = PlannerState()
+    replicas = {"agg": 2}
+    desired = []
+    for i in range(6):  # 15 rps in 2 replicas, TTFT 4x the target: the profile is optimistic
+        state, ds = plan(BASE, state, obs(i, 15.0, replicas, ttft_s=2.0))
+        replicas["agg"] = ds[0].desired
+        desired.append(ds[0].desired)
+    assert state.correction.factor("prefill") < 1.0
+    assert desired[-1] > 2
+
+
+def scenario(cfg: PlannerConfig) -> tuple[PlannerState, list[list[Decision]]]:
+    rng = random.Random(3)
+    state = PlannerState()
+    replicas = {"prefill": 1, "decode": 1}
+    history = []
+    for i in range(60):
+        rps = 20.0 + 15.0 * (i % 20 > 10) + rng.uniform(-2.0, 2.0)
+        state, decisions = plan(cfg, state, obs(i, rps, replicas, ttft_s=rng.uniform(0.1, 1.0)))
+        replicas.update({d.role: d.desired for d in decisions})
+        history.append(decisions)
+    return state, history
+
+
+@pytest.mark.parametrize("predictor", ["constant", "moving_average", "holt"])
+def test_deterministic_replay(predictor: str):
+    cfg = replace(BASE, predictor=predictor)
+    assert scenario(cfg) == scenario(cfg)
+    ids = [d.decision_id for ds in scenario(cfg)[1] for d in ds]
+    assert ids == list(range(1, len(ids) + 1))
+
+
+LOAD = replace(BASE, mode="load", scale_down_cooldown_s=0.0)
+
+
+@pytest.mark.parametrize(
+    ("waiting", "kv", "expected"),
+    [
+        (20, 0.5, 4),  # 6.7 waiting/replica > 4
+        (0, 0.9, 4),  # kv above 85%
+        (6, 0.6, 3),  # within thresholds: hold
+        (0, 0.3, 2),  # well below both: one down
+        (3, 0.3, 3),  # kv low but 1 waiting/replica is not "well below": hold
+    ],
+)
+def test_load_mode_reacts_within_one_interval(waiting: int, kv: float, expected: int):
+    _, decisions = plan(
+        LOAD, PlannerState(), obs(0, 10.0, {"agg": 3}, waiting={"agg": waiting}, kv={"agg": kv})
+    )
+    assert decisions[0].desired == expected
+    assert decisions[0].reasons
+
+
+def test_load_mode_steps_one_at_a_time_with_cooldown():
+    cfg = replace(LOAD, scale_up_cooldown_s=20.0)
+    state = PlannerState()
+    replicas = {"agg": 1}
+    got = []
+    for i in range(5):
+        state, ds = plan(cfg, state, obs(i, 10.0, replicas, waiting={"agg": 100}))
+        replicas["agg"] = ds[0].desired
+        got.append(ds[0].desired)
+    assert got == [2, 2, 3, 3, 4]
+
+
+def test_decision_to_wire():
+    _, decisions = plan(BASE, PlannerState(), obs(0, 25.0, {"agg": 1}))
+    wire = decisions[0].to_wire("llama", dry_run=True)
+    assert isinstance(wire, ScalingDecided)
+    assert (wire.current_replicas, wire.desired_replicas, wire.decision_id) == (1, 3, 1)
+    assert wire.predicted_rps == pytest.approx(25.0)
+    assert wire.reasons == decisions[0].reasons and wire.dry_run
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        PlannerConfig(predictor="kalman")
+    with pytest.raises(ValueError):
+        PlannerConfig(scale_down_margin=0.0)
