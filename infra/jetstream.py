@@ -257,14 +257,27 @@ async def ensure_bucket(js: JetStreamContext, spec: BucketSpec, report: Topology
         report.created.append(key)
         log.info("bucket_created", bucket=spec.name)
         return
-    _check_storage(stream, info.config, _storage(spec.storage))
+    await _update_backing_stream(js, key, stream, info, spec.storage, wanted, report)
+
+
+async def _update_backing_stream(
+    js: JetStreamContext,
+    key: str,
+    stream: str,
+    info: api.StreamInfo,
+    storage: Storage,
+    wanted: dict[str, Any],
+    report: TopologyReport,
+) -> None:
+    """Bring the stream behind an existing bucket or object store to ``wanted``."""
+    _check_storage(stream, info.config, _storage(storage))
     diff = stream_differences(info.config, wanted)
     if not diff:
         report.unchanged.append(key)
         return
     await js.update_stream(info.config.evolve(**wanted))
     report.updated.append(key)
-    log.info("bucket_updated", bucket=spec.name, fields=diff)
+    log.info("backing_stream_updated", item=key, fields=diff)
 
 
 async def ensure_object_store(
@@ -285,14 +298,7 @@ async def ensure_object_store(
         report.created.append(key)
         log.info("object_store_created", store=spec.name)
         return
-    _check_storage(stream, info.config, _storage(spec.storage))
-    diff = stream_differences(info.config, wanted)
-    if not diff:
-        report.unchanged.append(key)
-        return
-    await js.update_stream(info.config.evolve(**wanted))
-    report.updated.append(key)
-    log.info("object_store_updated", store=spec.name, fields=diff)
+    await _update_backing_stream(js, key, stream, info, spec.storage, wanted, report)
 
 
 async def ensure_topology(
