@@ -282,13 +282,10 @@ class WorkerRuntime:
             reply = ControlReply(True, "draining")
         else:
             res = await self.engine.control(op, dict(req.args))
-            reply = ControlReply(res.ok, res.detail, dict(res.data))
+            data = dict(res.data)
             if op == "health":
-                reply = ControlReply(
-                    res.ok,
-                    res.detail,
-                    {"in_flight": len(self.active), "status": self.registry.status},
-                )
+                data |= {"in_flight": len(self.active), "status": self.registry.status}
+            reply = ControlReply(res.ok, res.detail, data)
         if msg.reply:
             await msg.respond(encode(reply))
 
