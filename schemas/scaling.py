@@ -21,7 +21,20 @@ class ScalingDecided(msgspec.Struct, frozen=True, omit_defaults=True):
     predicted_isl: float = 0.0
     predicted_osl: float = 0.0
     dry_run: bool = False
+    mode: str = ""  # planner mode: "throughput" | "load"
+    # What the decision was made from, so replay reproduces it exactly: the FLEET_METRICS
+    # messages of the model with after_seq < stream seq <= last_seq, and the planner state
+    # (msgpack of planner.core.PlannerState) before the interval. Every role of one interval
+    # carries the same three values.
+    metrics_after_seq: int = 0
+    metrics_last_seq: int = 0
+    planner_state: bytes = b""
     v: int = 1
+
+    @property
+    def changed(self) -> bool:
+        """False for a hold (recorded so replay and operators see every interval)."""
+        return self.desired_replicas != self.current_replicas
 
 
 # The name the design uses for the same message.
@@ -34,7 +47,7 @@ class ScalingStatus(msgspec.Struct, frozen=True, omit_defaults=True):
     decision_id: int
     ts_s: float
     connector: str  # "local" | "kubernetes"
-    state: str  # "applying" | "applied" | "failed"
+    state: str  # "applying" | "applied" | "failed" | "skipped"
     replicas: int = 0
     detail: str = ""
     v: int = 1

@@ -106,6 +106,10 @@ class Subjects:
     def scale(self, model: str, role: str) -> str:
         return f"{self.prefix}.scale.{model_token(model)}.{_token(role, 'role')}"
 
+    def scale_model(self, model: str) -> str:
+        """Every role's decisions for ``model`` (not the status subjects)."""
+        return f"{self.prefix}.scale.{model_token(model)}.*"
+
     def scale_status(self, model: str, role: str) -> str:
         return f"{self.prefix}.scale.status.{model_token(model)}.{_token(role, 'role')}"
 
