@@ -6,6 +6,7 @@ jetfleet infra init              create/update streams, buckets, object stores
 jetfleet frontend | worker | router-service
 jetfleet publish "prompt"        a NATS-only client: submit, stream the answer
 jetfleet status [--json]         live workers, roles, load, KV usage, heartbeat age
+jetfleet planner | connector | replay planner | profile   scaling (infra/cli_planner.py)
 """
 
 from __future__ import annotations
@@ -159,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="the live fleet")
     _common(st)
     st.add_argument("--json", action="store_true")
+
+    from infra import cli_planner
+
+    cli_planner.add_commands(sub, _common, _engine_args)
     return ap
 
 
@@ -213,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         from infra.tools import publish
 
         return int(_run(publish(args, subjects)))
+    from infra import cli_planner
+
+    if args.cmd in cli_planner.COMMANDS:
+        return cli_planner.run(args, subjects, _run)
     if args.cmd == "status":
         from infra.tools import status
 

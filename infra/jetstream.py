@@ -166,10 +166,12 @@ def kv_stream_settings(spec: BucketSpec) -> dict[str, Any]:
 
 def consumer_config(spec: ConsumerSpec) -> api.ConsumerConfig:
     policy = api.DeliverPolicy.ALL if spec.deliver_policy == "all" else api.DeliverPolicy.NEW
+    ack = api.AckPolicy.ALL if spec.ack_policy == "all" else api.AckPolicy.EXPLICIT
     return api.ConsumerConfig(
         durable_name=spec.durable,
-        filter_subject=spec.filter_subject,
-        ack_policy=api.AckPolicy.EXPLICIT,
+        filter_subject=spec.filter_subject or None,
+        filter_subjects=list(spec.filter_subjects) or None,
+        ack_policy=ack,
         ack_wait=spec.ack_wait.total_seconds(),
         max_ack_pending=spec.max_ack_pending,
         max_deliver=spec.max_deliver,
@@ -318,7 +320,13 @@ async def ensure_topology(
 
 # --- consumers -------------------------------------------------------------------------------
 
-_CONSUMER_MUTABLE = ("filter_subject", "ack_wait", "max_ack_pending", "max_deliver")
+_CONSUMER_MUTABLE = (
+    "filter_subject",
+    "filter_subjects",
+    "ack_wait",
+    "max_ack_pending",
+    "max_deliver",
+)
 
 
 async def ensure_consumer(

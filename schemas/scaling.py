@@ -23,12 +23,13 @@ class ScalingDecided(msgspec.Struct, frozen=True, omit_defaults=True):
     dry_run: bool = False
     mode: str = ""  # planner mode: "throughput" | "load"
     # What the decision was made from, so replay reproduces it exactly: the FLEET_METRICS
-    # messages of the model with after_seq < stream seq <= last_seq, and the planner state
-    # (msgpack of planner.core.PlannerState) before the interval. Every role of one interval
-    # carries the same three values.
+    # messages of the model with after_seq < stream seq <= last_seq, the planner state
+    # (msgpack of planner.core.PlannerState) before the interval and the settings. Every role
+    # of one interval carries the same values.
     metrics_after_seq: int = 0
     metrics_last_seq: int = 0
     planner_state: bytes = b""
+    planner_config: bytes = b""  # msgpack of planner.config.PlannerConfig (the live settings)
     v: int = 1
 
     @property

@@ -52,11 +52,13 @@ class ConsumerSpec:
     """A durable pull consumer (pools, router service, indexer, planner)."""
 
     durable: str
-    filter_subject: str
+    filter_subject: str = ""
     ack_wait: timedelta = timedelta(seconds=30)
     max_ack_pending: int = 1024
     max_deliver: int = 5
     deliver_policy: Literal["all", "new"] = "new"
+    filter_subjects: tuple[str, ...] = ()  # several filters (instead of ``filter_subject``)
+    ack_policy: Literal["explicit", "all"] = "explicit"  # "all": one ack covers all before it
 
 
 @dataclass(frozen=True)
@@ -171,4 +173,19 @@ def router_consumer(subjects: Subjects) -> ConsumerSpec:
     """The shared pull consumer of the router service (submit subject, all models)."""
     return ConsumerSpec(
         durable="router", filter_subject=subjects.submit_all(), deliver_policy="all"
+    )
+
+
+def planner_consumer(subjects: Subjects, model: str, interval_s: float) -> ConsumerSpec:
+    """The planner's durable consumer of one model's metrics: acked once per interval (ack-all
+    on the interval's last message, after its decisions are published), so a restarted planner
+    is handed exactly the messages of the interval it had not finished."""
+    return ConsumerSpec(
+        durable=f"planner_{model_token(model)}",
+        filter_subjects=(subjects.metrics_model(model), subjects.obs(model)),
+        ack_wait=timedelta(seconds=max(60.0, 3.0 * interval_s)),
+        max_ack_pending=-1,
+        max_deliver=-1,
+        deliver_policy="all",
+        ack_policy="all",
     )

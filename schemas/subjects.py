@@ -93,6 +93,10 @@ class Subjects:
             f"{_token(worker_id, 'worker id')}"
         )
 
+    def metrics_model(self, model: str) -> str:
+        """Every worker load report of ``model``."""
+        return f"{self.prefix}.metrics.{model_token(model)}.>"
+
     def metrics_all(self) -> str:
         return f"{self.prefix}.metrics.>"
 

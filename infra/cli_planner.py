@@ -1,0 +1,187 @@
+"""The planner's commands of ``jetfleet``:
+
+jetfleet planner [--model M] [--roles agg] [--dry-run] [planner flags, --set k=v]
+jetfleet connector local [--initial agg=2] [worker engine flags]
+jetfleet connector kubernetes --deployment agg=NAME [--namespace NS] ...
+jetfleet replay planner --from -15m [--to now] [--set k=v] [--check] [--json]
+jetfleet profile --worker-id W [--out profile.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from schemas import Subjects
+
+COMMANDS = ("planner", "connector", "replay", "profile")
+
+ENGINE_FLAGS = [
+    "model",
+    "served_model_name",
+    "engine",
+    "speedup",
+    "num_gpu_blocks",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "no_prefix_caching",
+]
+
+
+def served_name(args: argparse.Namespace) -> str:
+    """The served model name a worker started with these engine flags registers under."""
+    if getattr(args, "served_model_name", None):
+        return str(args.served_model_name)
+    if getattr(args, "model", None):
+        return Path(args.model).resolve().name
+    return "jetfleet-tiny"
+
+
+def passthrough(args: argparse.Namespace, names: list[str]) -> list[str]:
+    out: list[str] = []
+    for name in names:
+        value: Any = getattr(args, name)
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def add_commands(
+    sub: Any,
+    common: Callable[[argparse.ArgumentParser], None],
+    engine_args: Callable[[argparse.ArgumentParser], None],
+) -> None:
+    from planner.settings import add_planner_args
+
+    pl = sub.add_parser("planner", help="plan replicas from the metric stream, publish decisions")
+    common(pl)
+    pl.add_argument("--model", default="jetfleet-tiny", help="served model name to plan")
+    pl.add_argument("--roles", default="agg", help="comma-separated roles to plan")
+    pl.add_argument("--dry-run", action="store_true", help="publish decisions marked dry_run")
+    pl.add_argument("--metrics-port", type=int, default=0)
+    add_planner_args(pl)
+
+    cn = sub.add_parser("connector", help="act on scaling decisions")
+    csub = cn.add_subparsers(dest="connector", required=True)
+    loc = csub.add_parser("local", help="start/stop worker processes on this machine")
+    common(loc)
+    engine_args(loc)
+    loc.add_argument("--initial", action="append", default=[], metavar="ROLE=N")
+    loc.add_argument("--log-dir", default=".jetfleet/logs")
+    try:
+        from planner.connectors.kubernetes import add_kubernetes_args
+    except ImportError:  # pragma: no cover - the module ships with the package
+        add_kubernetes_args = None
+    if add_kubernetes_args is not None:
+        k8s = csub.add_parser("kubernetes", help="set Deployment replicas via the Kubernetes API")
+        common(k8s)
+        add_kubernetes_args(k8s)
+
+    rp = sub.add_parser("replay", help="re-run recorded streams")
+    rsub = rp.add_subparsers(dest="replay", required=True)
+    rpl = rsub.add_parser("planner", help="re-run the planner over recorded metrics")
+    common(rpl)
+    rpl.add_argument("--model", default="jetfleet-tiny")
+    rpl.add_argument("--from", dest="from_", default="-1h", help="now, -15m, epoch or ISO 8601")
+    rpl.add_argument("--to", default="now")
+    rpl.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
+    rpl.add_argument("--check", action="store_true", help="exit 1 if any decision differs")
+    rpl.add_argument("--json", action="store_true")
+
+    try:
+        from planner.profile import add_profile_args
+    except ImportError:  # pragma: no cover
+        add_profile_args = None
+    if add_profile_args is not None:
+        pf = sub.add_parser("profile", help="measure a worker's capacity profile")
+        common(pf)
+        add_profile_args(pf)
+
+
+def _pairs(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        role, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"expected ROLE=N, got {item!r}")
+        out[role] = int(value)
+    return out
+
+
+def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], Any]) -> int:
+    if args.cmd == "planner":
+        from planner.service import PlannerServiceConfig, run_planner
+        from planner.settings import planner_config
+
+        cfg = PlannerServiceConfig(
+            nats_url=args.nats,
+            subjects=subjects,
+            model=args.model,
+            roles=tuple(r for r in args.roles.split(",") if r),
+            planner=planner_config(args),
+            dry_run=args.dry_run,
+            metrics_port=args.metrics_port,
+        )
+        runner(run_planner(cfg))
+        return 0
+    if args.cmd == "connector" and args.connector == "local":
+        from planner.connectors.run import local_config, run_local_connector
+
+        scaler = local_config(
+            args.nats,
+            subjects.prefix,
+            args.log_dir,
+            passthrough(args, ENGINE_FLAGS),
+            args.log_level,
+        )
+        return int(
+            runner(
+                run_local_connector(
+                    args.nats, subjects, served_name(args), scaler, _pairs(args.initial)
+                )
+            )
+        )
+    if args.cmd == "connector" and args.connector == "kubernetes":
+        from planner.connectors.kubernetes import run_kubernetes_connector
+
+        return int(run_kubernetes_connector(args, subjects))
+    if args.cmd == "replay":
+        return int(runner(_replay(args, subjects)))
+    if args.cmd == "profile":
+        from planner.profile import run_profile
+
+        return int(run_profile(args, subjects))
+    return 2
+
+
+async def _replay(args: argparse.Namespace, subjects: Subjects) -> int:
+    from infra.jetstream import close_nats, connect_nats
+    from planner.replay import parse_time, print_report, replay_planner
+
+    try:
+        from_s, to_s = parse_time(args.from_), parse_time(args.to)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    nc = await connect_nats(args.nats, name="replay")
+    try:
+        report = await replay_planner(
+            nc.jetstream(), subjects, args.model, from_s, to_s, args.settings
+        )
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    finally:
+        await close_nats(nc)
+    print_report(report, args.json)
+    if args.check and (report.differing or not report.rows):
+        return 1
+    return 0

@@ -1,0 +1,145 @@
+"""The ``local`` connector: scaling decisions start and stop real worker processes here.
+
+The connector owns the workers it starts (children in a ``ProcessGroup``, named
+``{role}-{n}``, worker id ``{id_prefix}-{role}-{n}``). A decision is applied as a change of
+``desired - current`` replicas of its role, where ``current`` is what the planner saw in
+discovery, so workers started by someone else count but are never touched.
+
+- **Up**: start the missing workers and wait until each has registered as ready (``applied``)
+  or one exits or ``start_timeout_s`` passes (``failed``, with the log tail).
+- **Down**: the newest own workers of the role (coldest caches) get SIGTERM and drain: status
+  ``draining`` (routers stop sending), in-flight requests finish (past the worker's drain timeout
+  the rest are aborted and the frontends migrate them), deregistration, exit. ``applied`` once
+  they exited; a worker that outlives ``stop_timeout_s`` is killed (its requests migrate too).
+  With fewer own workers than asked, it stops what it owns and reports ``failed`` with the
+  shortfall.
+
+``close`` drains every own worker: stopping the connector stops the workers it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from infra.supervisor import ProcessGroup, cli_command
+from planner.connectors.base import ScaleResult
+from planner.fleet_watch import WorkerWatch
+from schemas import ScalingDecided
+
+log = structlog.get_logger("jetfleet.connector.local")
+
+
+@dataclass(frozen=True)
+class LocalScalerConfig:
+    nats_url: str
+    subject_prefix: str = "fleet"
+    log_dir: Path = Path(".jetfleet/logs")
+    worker_args: tuple[str, ...] = ()
+    """Extra ``jetfleet worker`` arguments (engine, model, speedup...)."""
+    id_prefix: str = "local"
+    start_timeout_s: float = 60.0
+    stop_timeout_s: float = 90.0
+    """Longest wait for a draining worker before it is killed (keep above its drain timeout)."""
+    log_level: str = "info"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class LocalScaler:
+    name = "local"
+
+    def __init__(self, cfg: LocalScalerConfig, watch: WorkerWatch) -> None:
+        self.cfg = cfg
+        self.watch = watch
+        self.group = ProcessGroup(cfg.log_dir)
+        self.own: dict[str, list[str]] = {}
+        self._n = 0
+        self.started = 0
+        self.stopped = 0
+
+    def owned(self, role: str) -> int:
+        return len(self.own.get(role, []))
+
+    def _argv(self, role: str, worker_id: str) -> list[str]:
+        return cli_command(
+            "worker",
+            "--nats",
+            self.cfg.nats_url,
+            "--subject-prefix",
+            self.cfg.subject_prefix,
+            "--log-level",
+            self.cfg.log_level,
+            "--role",
+            role,
+            "--worker-id",
+            worker_id,
+            *self.cfg.worker_args,
+        )
+
+    async def start_workers(self, role: str, count: int) -> ScaleResult:
+        names: list[str] = []
+        for _ in range(count):
+            name = f"{role}-{self._n}"
+            self._n += 1
+            worker_id = f"{self.cfg.id_prefix}-{name}"
+            self.group.start(name, self._argv(role, worker_id), env=self.cfg.env)
+            self.own.setdefault(role, []).append(name)
+            names.append(name)
+            self.started += 1
+        ids = {f"{self.cfg.id_prefix}-{n}" for n in names}
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        while time.monotonic() < deadline:
+            dead = [c for c in self.group.exited() if c.name in names]
+            if dead:
+                tail = dead[0].log_path.read_text(errors="replace")[-1500:]
+                for c in dead:
+                    self._forget(role, c.name)
+                    self.group.children.pop(c.name, None)
+                return ScaleResult(False, self.owned(role), f"{dead[0].name} exited:\n{tail}")
+            ready = {w for w in ids if (r := self.watch.regs.get(w)) and r.status == "ready"}
+            if ready == ids:
+                return ScaleResult(True, self.owned(role), f"started {', '.join(sorted(ids))}")
+            await asyncio.sleep(0.1)
+        return ScaleResult(
+            False, self.owned(role), f"not registered after {self.cfg.start_timeout_s:.0f}s"
+        )
+
+    def _forget(self, role: str, name: str) -> None:
+        with_role = self.own.get(role, [])
+        if name in with_role:
+            with_role.remove(name)
+
+    async def stop_workers(self, role: str, count: int) -> ScaleResult:
+        mine = self.own.get(role, [])
+        chosen = list(reversed(mine))[:count]  # newest first: coldest caches
+        for name in chosen:
+            mine.remove(name)
+        codes = await asyncio.gather(
+            *(asyncio.to_thread(self.group.stop, n, self.cfg.stop_timeout_s) for n in chosen)
+        )
+        self.stopped += len(chosen)
+        detail = ", ".join(f"{n} exit {c}" for n, c in zip(chosen, codes, strict=True))
+        if len(chosen) < count:
+            short = f"owns only {len(chosen)} of {count} {role} workers to stop"
+            return ScaleResult(False, self.owned(role), f"{short}; {detail}".rstrip("; "))
+        return ScaleResult(True, self.owned(role), f"drained {detail}")
+
+    async def scale(self, decision: ScalingDecided) -> ScaleResult:
+        delta = decision.desired_replicas - decision.current_replicas
+        if delta > 0:
+            return await self.start_workers(decision.role, delta)
+        if delta < 0:
+            return await self.stop_workers(decision.role, -delta)
+        return ScaleResult(True, self.owned(decision.role), "nothing to do")
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.group.stop_all, self.cfg.stop_timeout_s)
+        self.own.clear()
+
+    def stats(self) -> dict[str, Any]:
+        return {"started": self.started, "stopped": self.stopped, "own": dict(self.own)}

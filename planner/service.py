@@ -1,0 +1,263 @@
+"""``jetfleet planner``: one model's metric stream in, scaling decisions out.
+
+The shell around the pure core (``planner.core.plan``):
+
+- **Input**: a durable pull consumer ``planner_{model}`` of ``FLEET_METRICS`` filtered to the
+  model's ``WorkerLoad`` and ``RequestObservation`` subjects, read in stream order into an
+  ``IntervalCollector``. Replica counts come from discovery (ready workers per role).
+- **Every ``adjustment_interval_s``**: the interval's messages are summarised, ``plan`` runs, and
+  one ``ScalingDecided`` per role (holds too, so replay sees every interval) is published on
+  ``fleet.scale.{model}.{role}`` with ``Nats-Msg-Id = {model}:{decision_id}``. Each decision
+  carries its metrics range, the pre-interval planner state and the settings. Only then is the
+  interval's last message acked (ack-all), so a planner that dies mid-interval is handed that
+  interval again.
+- **Restart**: the newest recorded decisions give the state before their interval and its
+  metrics range; re-running that interval (deterministic) gives the state to continue from, and
+  messages up to its last sequence are skipped.
+- ``--dry-run`` publishes decisions marked ``dry_run`` (connectors skip them).
+
+One planner per model: run a second one only as a cold standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from nats.errors import TimeoutError as NatsTimeoutError
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from infra.deadletter import dead_letter
+from infra.jetstream import close_nats, connect_nats, ensure_consumer, ensure_topology
+from planner.config import PlannerConfig
+from planner.core import Decision, PlannerState, plan
+from planner.fleet_watch import WorkerWatch
+from planner.records import (
+    IntervalCollector,
+    IntervalInput,
+    decision_records,
+    decode_state,
+    observation_for,
+)
+from planner.stream_read import last_per_subject, read_range
+from schemas import ScalingDecided, Subjects, WireDecodeError, decode, encode
+from schemas.streams import planner_consumer
+
+log = structlog.get_logger("jetfleet.planner")
+
+
+@dataclass(frozen=True)
+class PlannerServiceConfig:
+    nats_url: str
+    subjects: Subjects = field(default_factory=Subjects)
+    model: str = "jetfleet-tiny"
+    roles: tuple[str, ...] = ("agg",)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    dry_run: bool = False
+    metrics_port: int = 0
+
+
+class PlannerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ns = "jetfleet_planner"
+        self.predicted = Gauge(
+            f"{ns}_predicted",
+            "Predicted next-interval load",
+            ["model", "series"],
+            registry=registry,
+        )
+        self.desired = Gauge(
+            f"{ns}_desired_replicas", "Replicas decided", ["model", "role"], registry=registry
+        )
+        self.current = Gauge(
+            f"{ns}_current_replicas", "Ready replicas seen", ["model", "role"], registry=registry
+        )
+        self.decisions = Counter(
+            f"{ns}_decisions",
+            "Decisions by role, action and first reason",
+            ["model", "role", "action", "reason"],
+            registry=registry,
+        )
+        self.interval_messages = Gauge(
+            f"{ns}_interval_messages",
+            "Metric messages in the last interval",
+            ["model"],
+            registry=registry,
+        )
+
+    def record(self, model: str, decisions: list[Decision], inp: IntervalInput) -> None:
+        self.interval_messages.labels(model).set(len(inp.observations) + len(inp.loads))
+        for d in decisions:
+            self.predicted.labels(model, "rps").set(d.predicted_rps)
+            self.predicted.labels(model, "isl").set(d.predicted_isl)
+            self.predicted.labels(model, "osl").set(d.predicted_osl)
+            self.desired.labels(model, d.role).set(d.desired)
+            self.current.labels(model, d.role).set(d.current)
+            action = "up" if d.desired > d.current else "down" if d.desired < d.current else "hold"
+            self.decisions.labels(model, d.role, action, reason_kind(d.reasons)).inc()
+
+
+def reason_kind(reasons: tuple[str, ...]) -> str:
+    """A low-cardinality label for a decision's reasons (its last reason without numbers)."""
+    if not reasons:
+        return "none"
+    last = reasons[-1]
+    head = last.split(":")[0] if last.startswith("hold") else last
+    return "".join(c for c in head if not c.isdigit() and c not in ".%()").strip()[:40] or "none"
+
+
+async def recover(
+    js: Any, cfg: PlannerServiceConfig
+) -> tuple[PlannerState, int, list[ScalingDecided]]:
+    """The state to continue from and the last metrics sequence already planned."""
+    s = cfg.subjects
+    raw = await last_per_subject(js, s.stream_name("SCALING"), s.scale_model(cfg.model))
+    recorded: list[ScalingDecided] = []
+    for _seq, _subject, data in raw:
+        with contextlib.suppress(WireDecodeError):
+            recorded.append(decode(data, ScalingDecided))
+    if not recorded:
+        return PlannerState(), 0, []
+    newest = max(recorded, key=lambda d: d.decision_id)
+    group = sorted(
+        (
+            d
+            for d in recorded
+            if d.metrics_last_seq == newest.metrics_last_seq and d.ts_s == newest.ts_s
+        ),
+        key=lambda d: d.role,
+    )
+    messages = await read_range(
+        js,
+        s.stream_name("METRICS"),
+        (s.metrics_model(cfg.model), s.obs(cfg.model)),
+        newest.metrics_after_seq + 1,
+        newest.metrics_last_seq,
+    )
+    collector = IntervalCollector(s, cfg.model, newest.metrics_after_seq)
+    for seq, subject, data in messages:
+        collector.add(seq, subject, data)
+    inp = collector.close()
+    obs = observation_for(inp, newest.ts_s, {d.role: d.current_replicas for d in group})
+    state, _ = plan(cfg.planner, decode_state(newest.planner_state), obs)
+    log.info(
+        "planner_recovered",
+        decision_id=newest.decision_id,
+        metrics_last_seq=newest.metrics_last_seq,
+    )
+    return state, newest.metrics_last_seq, group
+
+
+class PlannerService:
+    def __init__(
+        self, cfg: PlannerServiceConfig, nc: Any, watch: WorkerWatch, registry: CollectorRegistry
+    ) -> None:
+        self.cfg = cfg
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.watch = watch
+        self.metrics = PlannerMetrics(registry)
+        self.state = PlannerState()
+        self.collector = IntervalCollector(cfg.subjects, cfg.model)
+        self.pending_ack: Any = None
+        self.intervals = 0
+
+    async def take(self, msg: Any) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq <= self.collector.last_seq:
+            return  # planned before a restart, or a redelivery
+        why = self.collector.add(seq, msg.subject, msg.data)
+        if why is not None:
+            await dead_letter(self.nc, self.cfg.subjects, "planner", msg, why)
+        self.pending_ack = msg
+
+    async def close_interval(self, ts_s: float) -> list[ScalingDecided]:
+        inp = self.collector.close()
+        obs = observation_for(inp, ts_s, self.watch.counts(self.cfg.model, self.cfg.roles))
+        pre = self.state
+        self.state, decisions = plan(self.cfg.planner, pre, obs)
+        records = decision_records(
+            self.cfg.model, decisions, self.cfg.planner, pre, inp, self.cfg.dry_run
+        )
+        for rec in records:
+            await self.js.publish(
+                self.cfg.subjects.scale(rec.model, rec.role),
+                encode(rec),
+                headers={"Nats-Msg-Id": f"{rec.model}:{rec.decision_id}"},
+            )
+        if self.pending_ack is not None:
+            with contextlib.suppress(Exception):
+                await self.pending_ack.ack()
+            self.pending_ack = None
+        self.metrics.record(self.cfg.model, decisions, inp)
+        self.intervals += 1
+        for d in decisions:
+            log.info(
+                "planned" if d.changed else "hold",
+                role=d.role,
+                current=d.current,
+                desired=d.desired,
+                reasons=list(d.reasons),
+                requests=obs.num_requests,
+                decision_id=d.decision_id,
+            )
+        return records
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        s = self.cfg.subjects
+        self.state, last_seq, _ = await recover(self.js, self.cfg)
+        self.collector = IntervalCollector(s, self.cfg.model, last_seq)
+        spec = planner_consumer(s, self.cfg.model, self.cfg.planner.adjustment_interval_s)
+        stream = s.stream_name("METRICS")
+        await ensure_consumer(self.js, stream, spec)
+        psub = await self.js.pull_subscribe_bind(spec.durable, stream)
+        interval = self.cfg.planner.adjustment_interval_s
+        next_close = time.monotonic() + interval
+        if ready is not None:
+            ready.set()
+        log.info("planner_ready", model=self.cfg.model, roles=self.cfg.roles, interval_s=interval)
+        try:
+            while not stop.is_set():
+                left = next_close - time.monotonic()
+                if left <= 0:
+                    await self.close_interval(time.time())
+                    next_close += interval * (1 + int(-left // interval))
+                    continue
+                try:
+                    msgs = await psub.fetch(batch=512, timeout=min(left, 1.0))
+                except (NatsTimeoutError, TimeoutError):
+                    continue
+                except Exception as exc:
+                    log.warning("planner_fetch_failed", error=str(exc))
+                    await asyncio.sleep(0.5)
+                    continue
+                for m in msgs:
+                    await self.take(m)
+        finally:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+
+
+async def run_planner(cfg: PlannerServiceConfig) -> None:
+    nc = await connect_nats(cfg.nats_url, name=f"planner-{cfg.model}")
+    await ensure_topology(nc.jetstream(), cfg.subjects)
+    registry = CollectorRegistry()
+    if cfg.metrics_port:
+        start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=registry)
+    watch = WorkerWatch(nc, cfg.subjects)
+    await watch.start()
+    service = PlannerService(cfg, nc, watch, registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await service.run(stop)
+    finally:
+        await watch.stop()
+        await close_nats(nc)
