@@ -1,0 +1,124 @@
+"""The closed loop with real processes: frontend -> metrics -> planner -> decisions -> local
+connector -> mocker worker processes, up under a load ramp and back down after it, and every
+request of the run answered in full."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from infra.jetstream import connect_nats
+from infra.supervisor import cli_command
+from schemas import ScalingDecided, ScalingStatus, Subjects, decode
+from tests.e2e.fleet import Fleet
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+M = "jetfleet-tiny"
+MAX_TOKENS = 24
+
+
+class Scaling:
+    """Every decision and connector status of the fleet, as they are published."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.decisions: list[ScalingDecided] = []
+        self.statuses: list[ScalingStatus] = []
+
+    async def __aenter__(self) -> Scaling:
+        self.nc = await connect_nats(self.fleet.nats_url, name="test-scaling")
+        s = Subjects(self.fleet.prefix)
+
+        async def on_decision(msg) -> None:
+            self.decisions.append(decode(msg.data, ScalingDecided))
+
+        async def on_status(msg) -> None:
+            self.statuses.append(decode(msg.data, ScalingStatus))
+
+        await self.nc.subscribe(s.scale_model(M), cb=on_decision)
+        await self.nc.subscribe(s.scale_status(M, "agg"), cb=on_status)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.nc.close()
+
+    def applied(self, up: bool) -> list[ScalingStatus]:
+        ids = {
+            d.decision_id
+            for d in self.decisions
+            if (d.desired_replicas > d.current_replicas) == up and d.changed
+        }
+        return [s for s in self.statuses if s.state == "applied" and s.decision_id in ids]
+
+
+async def one(client: httpx.AsyncClient, fleet: Fleet, i: int) -> dict:
+    r = await client.post(
+        f"{fleet.base_url}/v1/completions",
+        json={
+            "model": M,
+            "prompt": f"request {i}: " + "lorem ipsum " * 20,
+            "max_tokens": MAX_TOKENS,
+            "ignore_eos": True,
+        },
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def paced(client: httpx.AsyncClient, fleet: Fleet, rps: float, seconds: float) -> list:
+    tasks = []
+    start = time.monotonic()
+    n = int(rps * seconds)
+    for i in range(n):
+        await asyncio.sleep(max(0.0, start + i / rps - time.monotonic()))
+        tasks.append(asyncio.create_task(one(client, fleet, i)))
+    return tasks
+
+
+async def test_planner_scales_real_workers_up_and_down_without_losing_requests(
+    nats_server, tmp_path
+) -> None:
+    fleet = Fleet(nats_server.url, tmp_path / "logs")
+    worker = ("--speedup", "10")
+    fleet.group.start(
+        "connector",
+        cli_command(
+            "connector", "local", *fleet.common(), "--initial", "agg=1",
+            "--log-dir", str(tmp_path / "workers"), *worker,
+        ),
+    )  # fmt: skip
+    try:
+        fleet.start_frontend("--router", "least-loaded")
+        # one replica decodes 150 tokens/s by this profile: 12 rps x 24 tokens needs 2
+        fleet.group.start(
+            "planner",
+            cli_command(
+                "planner", *fleet.common(), "--model", M, "--interval", "1",
+                "--predictor", "constant", "--scale-up-cooldown", "2",
+                "--scale-down-cooldown", "3", "--max-replicas", "agg=3",
+                "--set", "profile.decode_tokens_per_s=150",
+                "--set", "profile.prefill_tokens_per_s=1000000",
+            ),
+        )  # fmt: skip
+        async with Scaling(fleet) as scaling, httpx.AsyncClient(timeout=60) as client:
+            tasks = await paced(client, fleet, 12.0, 6.0)
+            await wait_for(lambda: scaling.applied(up=True), timeout=30)
+            tasks += await paced(client, fleet, 1.0, 4.0)  # the trickle runs into the drain
+            down = await wait_for(lambda: scaling.applied(up=False), timeout=40)
+            tasks += await paced(client, fleet, 1.0, 2.0)
+            results = await asyncio.gather(*tasks)
+        up = scaling.applied(up=True)
+        assert max(s.replicas for s in up) >= 2
+        assert "drained" in down[0].detail
+        assert not [s for s in scaling.statuses if s.state == "failed"]
+        assert len(results) == 12 * 6 + 4 + 2
+        for r in results:
+            assert r["usage"]["completion_tokens"] == MAX_TOKENS
+            assert r["choices"][0]["finish_reason"] == "length"
+    finally:
+        fleet.stop()
