@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nats-port", type=int, default=14222)
     up.add_argument("--redis-port", type=int, default=16379)
     up.add_argument("--state-dir", default=".jetfleet", help="server data and process logs")
+    up.add_argument(
+        "--planner",
+        action="store_true",
+        help="autoscale: planner + local connector own the workers (--workers is the start)",
+    )
+    from planner.settings import add_planner_args
+
+    add_planner_args(up)
 
     srv = sub.add_parser("servers", help="run only the embedded NATS and Redis")
     _common(srv)

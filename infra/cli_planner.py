@@ -54,6 +54,31 @@ def passthrough(args: argparse.Namespace, names: list[str]) -> list[str]:
     return out
 
 
+PLANNER_SCALARS = [
+    "interval",
+    "ttft_target",
+    "itl_target",
+    "mode",
+    "predictor",
+    "profile",
+    "max_total_replicas",
+    "scale_up_cooldown",
+    "scale_down_cooldown",
+]
+
+
+def planner_flags(args: argparse.Namespace) -> list[str]:
+    """The ``jetfleet planner`` flags that reproduce the planner settings in ``args``."""
+    out = passthrough(args, PLANNER_SCALARS)
+    for item in args.min_replicas:
+        out += ["--min-replicas", item]
+    for item in args.max_replicas:
+        out += ["--max-replicas", item]
+    for item in args.settings:
+        out += ["--set", item]
+    return out
+
+
 def add_commands(
     sub: Any,
     common: Callable[[argparse.ArgumentParser], None],

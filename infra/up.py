@@ -75,6 +75,35 @@ def _passthrough(args: argparse.Namespace, names: list[str]) -> list[str]:
     return out
 
 
+def _start_autoscaling(
+    args: argparse.Namespace, group: ProcessGroup, common: list[str], engine: list[str]
+) -> None:
+    """The local connector starts (and owns) the workers; the planner resizes them. The
+    planner's capacity profile defaults to the mocker's at this ``--speedup``."""
+    from infra.cli_planner import planner_flags, served_name
+
+    group.start(
+        "connector",
+        cli_command(
+            "connector",
+            "local",
+            *common,
+            *engine,
+            "--initial",
+            f"agg={args.workers}",
+            "--log-dir",
+            str(group.log_dir),
+        ),
+    )
+    profile = [] if args.profile else ["--profile", f"mocker:{args.speedup}"]
+    group.start(
+        "planner",
+        cli_command(
+            "planner", *common, "--model", served_name(args), *profile, *planner_flags(args)
+        ),
+    )
+
+
 def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     import uvloop
 
@@ -107,8 +136,11 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
                 "no_prefix_caching",
             ],
         )
-        for i in range(args.workers):
-            group.start(f"worker-{i}", cli_command("worker", *common, *engine))
+        if args.planner:
+            _start_autoscaling(args, group, common, engine)
+        else:
+            for i in range(args.workers):
+                group.start(f"worker-{i}", cli_command("worker", *common, *engine))
         if args.router == "kv":
             group.start("indexer", cli_command("indexer", *common, "--redis", redis.url))
         routing_flags = [
@@ -126,9 +158,10 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             ),
         )
         wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
+        scaling = ", autoscaled by the planner" if args.planner else ""
         print(
             f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "
-            f"({args.workers} {args.engine} workers, router {args.router})\n"
+            f"({args.workers} {args.engine} workers{scaling}, router {args.router})\n"
             f"NATS {nats.url}  Redis {redis.url}  logs {group.log_dir}\n(Ctrl-C stops the fleet)",
             flush=True,
         )
@@ -139,7 +172,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         return 130
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the drain
-        group.stop_all()
+        # the connector drains the workers it owns before it exits: give it their drain time
+        group.stop_all(timeout_s=100.0 if args.planner else 30.0)
         redis.stop()
         nats.stop()
     return 0

@@ -129,7 +129,19 @@ class LocalScaler:
             return ScaleResult(False, self.owned(role), f"{short}; {detail}".rstrip("; "))
         return ScaleResult(True, self.owned(role), f"drained {detail}")
 
+    def prune_exited(self) -> list[str]:
+        """Forget own workers that exited on their own (crashed, killed): not ours to drain."""
+        gone = [c.name for c in self.group.exited()]
+        for name in gone:
+            self.group.children.pop(name, None)
+            for role in self.own:
+                self._forget(role, name)
+        if gone:
+            log.warning("workers_exited", names=gone)
+        return gone
+
     async def scale(self, decision: ScalingDecided) -> ScaleResult:
+        self.prune_exited()
         delta = decision.desired_replicas - decision.current_replicas
         if delta > 0:
             return await self.start_workers(decision.role, delta)

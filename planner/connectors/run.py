@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import uuid
 from pathlib import Path
 
 import structlog
@@ -67,4 +68,5 @@ def local_config(
         log_dir=Path(log_dir),
         worker_args=tuple(worker_args),
         log_level=log_level,
+        id_prefix=f"local-{uuid.uuid4().hex[:4]}",  # several connectors may share a fleet
     )
