@@ -3,7 +3,7 @@
 jetfleet planner [--model M] [--roles agg] [--dry-run] [planner flags, --set k=v]
 jetfleet connector local [--initial agg=2] [worker engine flags]
 jetfleet connector kubernetes --deployment agg=NAME [--namespace NS] ...
-jetfleet replay planner --from -15m [--to now] [--set k=v] [--check] [--json]
+jetfleet replay planner --from 15m [--to now] [--set k=v] [--check] [--json]
 jetfleet profile --worker-id W [--out profile.json]
 """
 
@@ -115,7 +115,9 @@ def add_commands(
     rpl = rsub.add_parser("planner", help="re-run the planner over recorded metrics")
     common(rpl)
     rpl.add_argument("--model", default="jetfleet-tiny")
-    rpl.add_argument("--from", dest="from_", default="-1h", help="now, -15m, epoch or ISO 8601")
+    rpl.add_argument(
+        "--from", dest="from_", default="1h", help="15m (ago; also s/h/d), epoch or ISO 8601"
+    )
     rpl.add_argument("--to", default="now")
     rpl.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
     rpl.add_argument("--check", action="store_true", help="exit 1 if any decision differs")

@@ -36,12 +36,13 @@ from planner.records import (
 from planner.stream_read import read_range
 from schemas import ScalingDecided, Subjects, WireDecodeError, decode
 
-_RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_time(text: str, now_s: float | None = None) -> float:
-    """Epoch seconds from ``now``, ``-15m`` (s/m/h/d ago), epoch seconds, or ISO 8601."""
+    """Epoch seconds from ``now``, ``15m`` or ``-15m`` (s/m/h/d ago), epoch seconds, or ISO
+    8601 (UTC unless it says otherwise)."""
     now = time.time() if now_s is None else now_s
     text = text.strip()
     if text == "now":
@@ -55,7 +56,9 @@ def parse_time(text: str, now_s: float | None = None) -> float:
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
-        raise ValueError(f"cannot read time {text!r} (now, -15m, epoch, ISO 8601)") from exc
+        raise ValueError(
+            f"cannot read time {text!r} (now, 15m ago as 15m, epoch, ISO 8601)"
+        ) from exc
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()

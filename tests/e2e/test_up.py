@@ -1,0 +1,85 @@
+"""``jetfleet up --planner`` as a user runs it: embedded servers, an autoscaled fleet that answers,
+decisions that ``jetfleet replay planner --check`` reproduces, and a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from infra.supervisor import cli_command, wait_http_ok
+from tests.e2e.fleet import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_line(path: Path, pattern: str, timeout_s: float, proc: subprocess.Popen) -> re.Match:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if m := re.search(pattern, path.read_text(errors="replace")):
+            return m
+        assert proc.poll() is None, path.read_text(errors="replace")[-3000:]
+        time.sleep(0.1)
+    raise AssertionError(f"{pattern!r} not printed:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "up.out"
+    argv = cli_command(
+        "up", "--planner", "--workers", "1", "--speedup", "20", "--port", str(port),
+        "--nats-port", "0", "--redis-port", "0", "--state-dir", str(tmp_path / "state"),
+        "--interval", "1",
+    )  # fmt: skip
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        _wait_line(out, r"jetfleet is up", 90, proc)
+        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+        wait_http_ok(f"http://127.0.0.1:{port}/ready", 30)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        for i in range(5):
+            r = client.chat.completions.create(
+                model="jetfleet-tiny",
+                messages=[{"role": "user", "content": f"hello {i}"}],
+                max_tokens=8,
+            )
+            assert r.choices[0].finish_reason in ("length", "stop")
+        time.sleep(3.5)  # a few planner intervals, one with the requests above
+        replay = subprocess.run(
+            [*cli_command("replay", "planner", "--nats", nats_url, "--from", "5m", "--check")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert replay.returncode == 0, replay.stdout + replay.stderr
+        assert re.search(
+            r"(\d+) intervals, (\d+) metric messages, \d+ decisions, 0 differ", replay.stdout
+        )
+        children = [int(p) for p in re.findall(r'"pid": (\d+)', out.read_text())]
+        assert len(children) >= 5  # nats, redis, connector, planner, indexer, frontend
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code == 0, out.read_text()[-3000:]
+    workers = (tmp_path / "state" / "logs").glob("agg-*.log")
+    assert [w for w in workers], "the connector started the workers"
+    time.sleep(0.5)
+    assert _pids_alive(children) == []
