@@ -26,7 +26,7 @@ model (``workers/engines/mocker/timing.py``, Dynamo's polynomial fits):
 ``OnlineCorrection`` refines the profile while running: one multiplicative factor per phase
 (``"prefill"`` from TTFT, ``"decode"`` from ITL), an EWMA of ``target / observed`` latency:
 ``factor = (1 - alpha) * factor + alpha * factor * target / observed``, clamped to
-``[min_factor, max_factor]`` (default 0.25..4, ``alpha`` 0.3) and raised by at most
+``[min_factor, max_factor]`` (default 0.25..1, ``alpha`` 0.3) and raised by at most
 ``max_raise`` (1.1) per update, so a fast interval never buys much trust at once. Observed latency
 above target means the profile promised too much, so the factor shrinks and the pool grows. The
 planner only feeds it intervals where the pool was busy enough for latency to say something
@@ -134,8 +134,10 @@ class OnlineCorrection:
     """EWMA weight of the newest observation, in (0, 1]."""
     min_factor: float = 0.25
     """Lower clamp: the profile is never trusted less than this."""
-    max_factor: float = 4.0
-    """Upper clamp: the profile is never trusted more than this."""
+    max_factor: float = 1.0
+    """Upper clamp: the profile is never trusted more than this. Default 1: latency stays flat
+    until a pool saturates, so a fast interval says "not saturated", not "more capacity"; the
+    correction only takes trust away after missed targets and gives it back slowly."""
     max_raise: float = 1.1
     """A factor grows at most this much per update: trust is earned slowly and lost fast."""
 

@@ -51,6 +51,15 @@ class PlannerConfig:
     """Least time between two scale-ups of a role."""
     scale_down_cooldown_s: float = 300.0
     """Least time between any change of a role (or the planner's start) and a scale-down."""
+    scale_down_step: int = 1
+    """Most replicas one scale-down decision removes (each one predicted safe)."""
+    arrival_estimate: bool = True
+    """Throughput mode: estimate the interval's arrivals as finished requests plus the growth of
+    requests in the system (running + waiting, from worker reports). Finished requests alone
+    stop growing once the pool saturates, exactly when more replicas are needed."""
+    backlog_drain_s: float = 0.0
+    """Throughput mode: size for the predicted rate plus the waiting requests drained within
+    this many seconds (0: one adjustment interval)."""
     scale_down_margin: float = 0.8
     """Scale down only if the predicted load fits in one replica fewer at <= this utilisation."""
     correction_min_utilisation: float = 0.5
@@ -76,6 +85,8 @@ class PlannerConfig:
             raise ValueError("load-mode low thresholds must not exceed high ones")
         if self.max_total_replicas < 0 or self.default_min_replicas < 0:
             raise ValueError("replica bounds must not be negative")
+        if self.scale_down_step < 1 or self.backlog_drain_s < 0:
+            raise ValueError("scale_down_step must be >= 1 and backlog_drain_s >= 0")
 
     def min_for(self, role: str) -> int:
         return self.min_replicas.get(role, self.default_min_replicas)
@@ -105,6 +116,8 @@ class IntervalObservation:
     """Current replicas per role; the planner plans exactly these roles."""
     total_waiting: Mapping[str, int] = field(default_factory=dict)
     """Waiting requests summed over each role's workers at the end of the interval."""
+    total_running: Mapping[str, int] = field(default_factory=dict)
+    """Running requests summed over each role's workers at the end of the interval."""
     mean_kv_usage: Mapping[str, float] = field(default_factory=dict)
     """Mean KV usage (0..1) over each role's workers at the end of the interval."""
 

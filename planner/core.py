@@ -8,18 +8,22 @@ Each call to ``plan(cfg, state, obs)``:
    decode: mean ITL vs ``itl_target_s``) the interval's latency updates the phase's
    ``OnlineCorrection`` factor, but only if the pools serving it ran at >=
    ``correction_min_utilisation`` of their corrected capacity or missed the target.
-2. **Predict** the next interval's request rate (requests / ``adjustment_interval_s``), mean
-   ISL, OSL and cached tokens with ``cfg.predictor``. An interval without requests feeds rate 0
-   and leaves the length predictors alone.
+2. **Predict** the next interval's request rate, mean ISL, OSL and cached tokens with
+   ``cfg.predictor``. The rate fed in is the interval's *arrivals* / ``adjustment_interval_s``:
+   finished requests plus the growth of requests running or waiting on the workers
+   (``arrival_estimate``; finished requests alone flatten at the pool's throughput exactly when
+   it saturates). An interval without requests leaves the length predictors alone.
 3. **Target per role** (``planner.rules``). Throughput mode: ``ceil(demand / (capacity *
-   correction))`` per phase, the max over the role's phases; a decrease is proposed only if the
-   demand fits in one replica fewer at ``scale_down_margin`` utilisation. Load mode: one replica
+   correction))`` per phase, the max over the role's phases, where the rate is the prediction
+   plus the role's waiting requests drained within ``backlog_drain_s`` (default one interval);
+   a decrease is proposed only if the demand fits in fewer replicas at ``scale_down_margin``
+   utilisation. Load mode: one replica
    up when waiting per replica > ``load_queue_high`` or KV usage > ``load_kv_high``; one down when
    both are at most ``load_queue_low`` / ``load_kv_low``.
 4. **Damp.** Up: at once to the target unless the role scaled up less than
-   ``scale_up_cooldown_s`` ago. Down: one replica per decision, only if
-   ``scale_down_cooldown_s`` passed since the role's last change (or the planner's first
-   interval) and the role did not scale up in the previous interval.
+   ``scale_up_cooldown_s`` ago. Down: at most ``scale_down_step`` (default 1) replicas per
+   decision, only if ``scale_down_cooldown_s`` passed since the role's last change (or the
+   planner's first interval) and the role did not scale up in the previous interval.
 5. **Bound.** Clamp to the role's [min, max] (bounds override cooldowns), then cut to the GPU
    budget ``max_total_replicas``: take replicas away from the largest increase first, then from
    the largest role, never below a role's minimum.
@@ -72,6 +76,9 @@ class PlannerState:
     """Predictor snapshots for rate, ISL, OSL, cached tokens (``SERIES`` order)."""
     correction: OnlineCorrection = field(default_factory=OnlineCorrection)
     """Online capacity correction per phase."""
+    in_system: int = -1
+    """Requests running or waiting on the workers at the end of the last interval (-1: no
+    worker reports yet)."""
 
 
 @dataclass(frozen=True)
@@ -132,11 +139,26 @@ def _correct(
     return corr
 
 
+def in_system(obs: IntervalObservation) -> int:
+    """Requests on the workers at the end of ``obs`` (-1 when no worker reported)."""
+    if not obs.total_running and not obs.total_waiting:
+        return -1
+    return sum(obs.total_running.values()) + sum(obs.total_waiting.values())
+
+
+def arrivals(cfg: PlannerConfig, state: PlannerState, obs: IntervalObservation) -> float:
+    """Requests that arrived in the interval: finished + growth of those in the system."""
+    now = in_system(obs)
+    if not cfg.arrival_estimate or now < 0 or state.in_system < 0:
+        return float(obs.num_requests)
+    return float(max(obs.num_requests + now - state.in_system, 0))
+
+
 def _predict(
     cfg: PlannerConfig, state: PlannerState, obs: IntervalObservation
 ) -> tuple[tuple[tuple[float, ...], ...], Prediction]:
     values = {
-        "rps": obs.num_requests / cfg.adjustment_interval_s,
+        "rps": arrivals(cfg, state, obs) / cfg.adjustment_interval_s,
         "isl": obs.mean_isl,
         "osl": obs.mean_osl,
         "cached": obs.mean_cached_tokens,
@@ -176,7 +198,8 @@ def _damp(
         if since < cfg.scale_down_cooldown_s:
             left = cfg.scale_down_cooldown_s - since
             return current, (f"hold: scale-down cooldown, {left:.0f}s left",)
-        return current - 1, ("scale down one step",)
+        step = max(target, current - cfg.scale_down_step)
+        return step, ("scale down one step" if step == current - 1 else f"scale down to {step}",)
     return current, ()
 
 
@@ -214,9 +237,14 @@ def plan(
     current = {role: obs.replicas[role] for role in sorted(obs.replicas)}
     desired: dict[str, int] = {}
     reasons: dict[str, tuple[str, ...]] = {}
+    drain_s = cfg.backlog_drain_s or cfg.adjustment_interval_s
     for role, now in current.items():
         if cfg.mode == "throughput":
-            target, why = throughput_target(cfg, correction, prediction, role, now)
+            waiting = obs.total_waiting.get(role, 0)
+            sized = replace(prediction, rps=prediction.rps + waiting / drain_s)
+            target, why = throughput_target(cfg, correction, sized, role, now)
+            if waiting:
+                why = (*why, f"incl. {waiting} waiting drained in {drain_s:.0f}s")
         else:
             target, why = load_target(cfg, obs, role, now)
         damped, why_damped = _damp(cfg, state, role, now, target, obs.ts_s)
@@ -265,5 +293,6 @@ def plan(
         last_scale_up_interval=up_iv,
         predictors=snapshots,
         correction=correction,
+        in_system=in_system(obs),
     )
     return new_state, decisions

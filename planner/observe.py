@@ -67,5 +67,6 @@ def summarize(
         mean_cached_tokens=_mean([float(o.cached_tokens) for o in ok]),
         replicas=counts,
         total_waiting={r: sum(w.num_waiting for w in ws) for r, ws in by_role.items()},
+        total_running={r: sum(w.num_running for w in ws) for r, ws in by_role.items()},
         mean_kv_usage={r: _mean([w.kv_usage for w in ws]) for r, ws in by_role.items()},
     )

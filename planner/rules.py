@@ -7,9 +7,9 @@ Throughput mode (``throughput_target``): the predicted demand of each phase the 
 - decode: ``rps * osl`` output tokens/s,
 
 is divided by one replica's corrected capacity (``profile * correction``) and rounded up; the
-role needs the max over its phases. Below the current size the target is ``current - 1`` only if
-the demand fits in ``current - 1`` replicas at ``scale_down_margin`` utilisation, else the role
-holds: scale down only when sure.
+role needs the max over its phases. Below the current size the target is the fewest replicas
+that serve the demand at ``scale_down_margin`` utilisation, if that is below ``current``, else the
+role holds: scale down only when sure (the core then removes at most ``scale_down_step``).
 
 Load mode (``load_target``): one replica up when the role's waiting requests per replica exceed
 ``load_queue_high`` or its mean KV usage exceeds ``load_kv_high``; one down when waiting per
@@ -75,8 +75,9 @@ def throughput_target(
     if required > current:
         return required, why
     if required < current:
-        if max(with_margin.values()) <= current - 1:
-            return current - 1, (*why, f"fits in {current - 1} at {cfg.scale_down_margin:.0%}")
+        safe = max(with_margin.values())
+        if safe <= current - 1:
+            return safe, (*why, f"fits in {max(safe, 1)} at {cfg.scale_down_margin:.0%}")
         return current, (*why, f"hold: not within {cfg.scale_down_margin:.0%} of {current - 1}")
     return current, why
 

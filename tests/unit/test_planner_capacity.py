@@ -55,17 +55,29 @@ def test_rejects_non_positive(bad: tuple[float, float]):
     ],
 )
 def test_correction_one_update(observed_s: float, target_s: float, expected: float):
-    corr = OnlineCorrection().update("prefill", observed_s, target_s)
+    corr = OnlineCorrection(max_factor=4.0).update("prefill", observed_s, target_s)
     assert corr.factor("prefill") == pytest.approx(expected, abs=1e-4)
     assert corr.factor("decode") == 1.0
 
 
 @pytest.mark.parametrize(("observed_s", "bound"), [(100.0, 0.25), (0.001, 4.0)])
 def test_correction_is_clamped(observed_s: float, bound: float):
-    corr = OnlineCorrection()
+    corr = OnlineCorrection(max_factor=4.0)
     for _ in range(100):
         corr = corr.update("decode", observed_s, 1.0)
     assert corr.factor("decode") == pytest.approx(bound)
+
+
+def test_default_correction_never_trusts_more_than_the_profile():
+    corr = OnlineCorrection()
+    for _ in range(50):  # far below target for a long time: still the profile, no more
+        corr = corr.update("decode", 0.001, 1.0)
+    assert corr.factor("decode") == 1.0
+    corr = corr.update("decode", 4.0, 1.0)  # a miss takes trust away...
+    missed = corr.factor("decode")
+    assert missed < 1.0
+    corr = corr.update("decode", 0.5, 1.0)  # ...and a good interval gives some back
+    assert missed < corr.factor("decode") <= 1.0
 
 
 def test_correction_applies_to_profile_and_is_immutable():

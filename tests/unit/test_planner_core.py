@@ -252,3 +252,50 @@ def test_config_validation():
         PlannerConfig(predictor="kalman")
     with pytest.raises(ValueError):
         PlannerConfig(scale_down_margin=0.0)
+
+
+def _saturated(i: int, finished: int, running: int, waiting: int) -> IntervalObservation:
+    return replace(
+        obs(i, finished / INTERVAL_S, {"agg": 1}),
+        total_running={"agg": running},
+        total_waiting={"agg": waiting},
+    )
+
+
+def test_arrivals_count_the_growth_of_requests_in_the_system():
+    # a saturated replica finishes 100 requests per interval whatever arrives; the queue shows
+    # the rest: 100 more in the system after the interval means 200 arrived
+    cfg = BASE
+    state, _ = plan(cfg, PlannerState(), _saturated(0, 100, 10, 0))
+    state, ds = plan(cfg, state, _saturated(1, 100, 110, 0))
+    assert ds[0].predicted_rps == pytest.approx(20.0)  # (100 + 100) / 10 s
+    assert ds[0].desired == 2
+    blind = replace(cfg, arrival_estimate=False)
+    state, _ = plan(blind, PlannerState(), _saturated(0, 100, 10, 0))
+    _, ds = plan(blind, state, _saturated(1, 100, 110, 0))
+    assert ds[0].predicted_rps == pytest.approx(10.0)
+    assert ds[0].desired == 1
+
+
+def test_no_worker_reports_means_finished_requests_only():
+    state, _ = plan(BASE, PlannerState(), obs(0, 10.0, {"agg": 1}))
+    assert state.in_system == -1
+    _, ds = plan(BASE, state, obs(1, 10.0, {"agg": 1}))
+    assert ds[0].predicted_rps == pytest.approx(10.0)
+
+
+def test_waiting_requests_are_sized_for_as_backlog():
+    # 5 rps fits one replica, but 100 waiting requests drained within one interval need 10 rps
+    _, ds = plan(BASE, PlannerState(), _saturated(0, 50, 10, 100))
+    assert ds[0].desired == 2
+    assert any("100 waiting" in r for r in ds[0].reasons)
+
+
+def test_scale_down_step_removes_several_replicas_only_when_safe():
+    cfg = replace(BASE, scale_down_step=3, scale_down_cooldown_s=0.0)
+    history = run(cfg, [75.0] * 2 + [5.0] * 4, {"agg": 8})
+    got = sizes(history)
+    assert got[:2] == [8, 8]
+    assert got[2] == 5  # 8 -> 5: three at once, the most one decision may remove
+    assert got[-1] == 1
+    assert "scale down to 5" in history[2][0].reasons
