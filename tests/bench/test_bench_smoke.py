@@ -63,3 +63,17 @@ def test_match_latency_bench():
 def test_indexer_throughput_bench():
     d = run_bench("indexer_throughput", "--events", "5000", "--workers", "2")
     assert d["block_events"] >= 5000 and d["block_events_per_s"] > 0
+
+
+def test_planner_ramp_bench():
+    d = run_bench(
+        "planner_ramp", "--fleets", "planner,trough", "--time-scale", "0.06", "--low-rps", "4",
+        "--osl", "8", "--interval", "1",
+    )  # fmt: skip
+    assert d["oracle_replica_s"] > 0
+    planner, trough = d["fleets"]
+    assert planner["fleet"] == "planner" and trough["fleet"] == "trough"
+    for run in (planner, trough):
+        assert run["errors"] == 0 and run["requests"] == d["load"]["requests"]
+        assert run["replica_s"] > 0 and 0.0 <= run["within_targets"] <= 1.0
+    assert trough["scaling_actions"] == 0
