@@ -13,7 +13,8 @@ The shell around the pure core (``planner.core.plan``):
   interval again.
 - **Restart**: the newest recorded decisions give the state before their interval and its
   metrics range; re-running that interval (deterministic) gives the state to continue from, and
-  messages up to its last sequence are skipped.
+  messages up to its last sequence are skipped. A new planner (no durable yet) starts from the
+  stream's end, not from its history; the first interval's range starts there too.
 - ``--dry-run`` publishes decisions marked ``dry_run`` (connectors skip them).
 
 One planner per model: run a second one only as a cold standby.
@@ -211,10 +212,12 @@ class PlannerService:
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         s = self.cfg.subjects
         self.state, last_seq, _ = await recover(self.js, self.cfg)
-        self.collector = IntervalCollector(s, self.cfg.model, last_seq)
         spec = planner_consumer(s, self.cfg.model, self.cfg.planner.adjustment_interval_s)
         stream = s.stream_name("METRICS")
-        await ensure_consumer(self.js, stream, spec)
+        info = await ensure_consumer(self.js, stream, spec)
+        # what the consumer will not hand out again (a new one: everything before it existed)
+        floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+        self.collector = IntervalCollector(s, self.cfg.model, max(last_seq, floor or 0))
         psub = await self.js.pull_subscribe_bind(spec.durable, stream)
         interval = self.cfg.planner.adjustment_interval_s
         next_close = time.monotonic() + interval

@@ -179,13 +179,14 @@ def router_consumer(subjects: Subjects) -> ConsumerSpec:
 def planner_consumer(subjects: Subjects, model: str, interval_s: float) -> ConsumerSpec:
     """The planner's durable consumer of one model's metrics: acked once per interval (ack-all
     on the interval's last message, after its decisions are published), so a restarted planner
-    is handed exactly the messages of the interval it had not finished."""
+    is handed exactly the messages of the interval it had not finished. Created deliver-new:
+    a new planner starts from now."""
     return ConsumerSpec(
         durable=f"planner_{model_token(model)}",
         filter_subjects=(subjects.metrics_model(model), subjects.obs(model)),
         ack_wait=timedelta(seconds=max(60.0, 3.0 * interval_s)),
         max_ack_pending=-1,
         max_deliver=-1,
-        deliver_policy="all",
+        deliver_policy="new",  # a new planner plans from now, not from a day of history
         ack_policy="all",
     )

@@ -156,3 +156,16 @@ async def test_dry_run_and_dead_letters(nc, subjects, decisions) -> None:
         await wait_for(lambda: dead, 5)
     await sub.unsubscribe()
     assert dead[0].subject == subjects.obs(MODEL)
+
+
+async def test_a_new_planner_plans_from_now_not_from_history(nc, subjects, decisions) -> None:
+    js = nc.jetstream()
+    await register(js, subjects, "w0")
+    t0 = time.time() - 1
+    await send_load(js, subjects, 80)  # yesterday's traffic, as far as this planner knows
+    async with Planner(nc, subjects) as planner:
+        await wait_for(lambda: planner.intervals >= 2, 10)
+    assert decisions and all(d.desired_replicas == 1 for d in decisions), decisions
+    assert decisions[0].metrics_after_seq >= 81
+    report = await replay_planner(js, subjects, MODEL, t0, time.time() + 1)
+    assert report.differing == 0 and report.messages == 0
