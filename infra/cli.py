@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(wk)
     wk.add_argument("--role", choices=["agg", "prefill", "decode"], default="agg")
     wk.add_argument("--worker-id", default=None)
-    wk.add_argument("--metrics-port", type=int, default=0)
+    wk.add_argument("--metrics-port", type=int, default=0, help="/metrics and /health (0: off)")
+    wk.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod (probes)")
     wk.add_argument(
         "--flush-interval-ms",
         type=float,
@@ -292,6 +293,7 @@ def _worker(args: argparse.Namespace, subjects: Any) -> int:
         flush_interval_s=args.flush_interval_ms / 1000.0,
         max_flush_interval_s=args.max_flush_interval_ms / 1000.0,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         block_size=args.block_size,
     )
     mocker = MockerConfig(

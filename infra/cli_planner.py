@@ -91,7 +91,8 @@ def add_commands(
     pl.add_argument("--model", default="jetfleet-tiny", help="served model name to plan")
     pl.add_argument("--roles", default="agg", help="comma-separated roles to plan")
     pl.add_argument("--dry-run", action="store_true", help="publish decisions marked dry_run")
-    pl.add_argument("--metrics-port", type=int, default=0)
+    pl.add_argument("--metrics-port", type=int, default=0, help="/metrics and /health (0: off)")
+    pl.add_argument("--metrics-host", default="127.0.0.1")
     add_planner_args(pl)
 
     cn = sub.add_parser("connector", help="act on scaling decisions")
@@ -156,6 +157,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
             planner=planner_config(args),
             dry_run=args.dry_run,
             metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
         runner(run_planner(cfg))
         return 0

@@ -31,10 +31,11 @@ from typing import Any
 
 import structlog
 from nats.errors import TimeoutError as NatsTimeoutError
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from infra.deadletter import dead_letter
 from infra.jetstream import close_nats, connect_nats, ensure_consumer, ensure_topology
+from infra.ops_http import start_ops_server
 from planner.config import PlannerConfig
 from planner.core import Decision, PlannerState, plan
 from planner.fleet_watch import WorkerWatch
@@ -61,6 +62,7 @@ class PlannerServiceConfig:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     dry_run: bool = False
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
 
 
 class PlannerMetrics:
@@ -251,7 +253,12 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
     await ensure_topology(nc.jetstream(), cfg.subjects)
     registry = CollectorRegistry()
     if cfg.metrics_port:
-        start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=registry)
+        start_ops_server(
+            cfg.metrics_port,
+            registry,
+            lambda: (bool(nc.is_connected), "" if nc.is_connected else "NATS disconnected"),
+            cfg.metrics_host,
+        )
     watch = WorkerWatch(nc, cfg.subjects)
     await watch.start()
     service = PlannerService(cfg, nc, watch, registry)

@@ -7,9 +7,10 @@ import signal
 from dataclasses import dataclass
 
 import structlog
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from infra.jetstream import close_nats, connect_nats, ensure_consumer, ensure_topology
+from infra.ops_http import start_ops_server
 from router.modelcard import LocalModel, load_model_dir
 from router.tokenization import ModelTokenizer
 from schemas.streams import pool_consumer
@@ -59,8 +60,16 @@ async def run_worker(
     registry = Registry(cfg, js, engine)
     await registry.publish_model(local)
     prom = CollectorRegistry()
+
+    def health() -> tuple[bool, str]:
+        if not nc.is_connected:
+            return False, "NATS disconnected"
+        if registry.status != "ready" or registry.stop_requested.is_set():
+            return False, "draining"
+        return True, ""
+
     if cfg.metrics_port:
-        start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=prom)
+        start_ops_server(cfg.metrics_port, prom, health, cfg.metrics_host)
     runtime = WorkerRuntime(
         cfg, engine, nc, registry, tokenizer, WorkerMetrics(prom, cfg.model_name, cfg.worker_id)
     )
