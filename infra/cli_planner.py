@@ -4,6 +4,7 @@ jetfleet planner [--model M] [--roles agg] [--dry-run] [planner flags, --set k=v
 jetfleet connector local [--initial agg=2] [worker engine flags]
 jetfleet connector kubernetes --deployment agg=NAME [--namespace NS] ...
 jetfleet replay planner --from 15m [--to now] [--set k=v] [--check] [--json]
+jetfleet replay request ID [--from 1h] [--json]
 jetfleet profile --worker-id W [--out profile.json]
 """
 
@@ -123,6 +124,11 @@ def add_commands(
     rpl.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
     rpl.add_argument("--check", action="store_true", help="exit 1 if any decision differs")
     rpl.add_argument("--json", action="store_true")
+    rrq = rsub.add_parser("request", help="the life of one request across the streams")
+    common(rrq)
+    rrq.add_argument("request_id")
+    rrq.add_argument("--from", dest="from_", default="1h", help="15m (ago), epoch or ISO 8601")
+    rrq.add_argument("--json", action="store_true")
 
     try:
         from planner.profile import add_profile_args
@@ -182,6 +188,8 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         from planner.connectors.kubernetes import run_kubernetes_connector
 
         return int(run_kubernetes_connector(args, subjects))
+    if args.cmd == "replay" and args.replay == "request":
+        return int(runner(_replay_request(args, subjects)))
     if args.cmd == "replay":
         return int(runner(_replay(args, subjects)))
     if args.cmd == "profile":
@@ -214,3 +222,22 @@ async def _replay(args: argparse.Namespace, subjects: Subjects) -> int:
     if args.check and (report.differing or not report.rows):
         return 1
     return 0
+
+
+async def _replay_request(args: argparse.Namespace, subjects: Subjects) -> int:
+    from infra.jetstream import close_nats, connect_nats
+    from infra.replay_request import print_timeline, request_timeline
+    from planner.replay import parse_time
+
+    try:
+        from_s = parse_time(args.from_)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    nc = await connect_nats(args.nats, name="replay")
+    try:
+        entries = await request_timeline(nc.jetstream(), subjects, args.request_id, from_s)
+    finally:
+        await close_nats(nc)
+    print_timeline(entries, args.json)
+    return 0 if entries else 1

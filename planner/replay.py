@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from infra.stream_read import read_range
 from planner.config import PlannerConfig
 from planner.core import Decision, PlannerState, plan
 from planner.records import (
@@ -33,7 +34,6 @@ from planner.records import (
     decode_state,
     observation_for,
 )
-from planner.stream_read import read_range
 from schemas import ScalingDecided, Subjects, WireDecodeError, decode
 
 _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)([smhd])$")

@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from infra.deadletter import dead_letter
 from infra.jetstream import close_nats, connect_nats, ensure_consumer, ensure_topology
 from infra.ops_http import start_ops_server
+from infra.stream_read import last_per_subject, read_range
 from planner.config import PlannerConfig
 from planner.core import Decision, PlannerState, plan
 from planner.fleet_watch import WorkerWatch
@@ -46,7 +47,6 @@ from planner.records import (
     decode_state,
     observation_for,
 )
-from planner.stream_read import last_per_subject, read_range
 from schemas import ScalingDecided, Subjects, WireDecodeError, decode, encode
 from schemas.streams import planner_consumer
 

@@ -1,16 +1,27 @@
-"""Read recorded messages back from a stream: a sequence range of some subjects, or the last
-message of each subject. Used by planner recovery and replay (never by the live hot path)."""
+"""Read recorded messages back from a stream: a sequence or time range of some subjects, or the
+last message of each subject. Used by planner recovery and the replay tools (never by the live
+hot path)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import NotFoundError
+
+
+@dataclass(frozen=True)
+class Recorded:
+    seq: int
+    subject: str
+    data: bytes
+    time_s: float  # when the stream stored it (server clock)
+    headers: dict[str, str]
 
 
 async def read_range(
@@ -25,6 +36,23 @@ async def read_range(
 ) -> list[tuple[int, str, bytes]]:
     """``(seq, subject, data)`` of the messages on ``subjects`` in ``stream`` from ``start_seq``
     (or from ``start_time``, an aware datetime) up to ``last_seq`` (None: to the end), in order."""
+    got = await read_messages(
+        js, stream, subjects, start_seq, last_seq, start_time, batch, idle_timeout_s
+    )
+    return [(r.seq, r.subject, r.data) for r in got]
+
+
+async def read_messages(
+    js: Any,
+    stream: str,
+    subjects: Sequence[str],
+    start_seq: int = 1,
+    last_seq: int | None = None,
+    start_time: datetime | None = None,
+    batch: int = 1000,
+    idle_timeout_s: float = 1.0,
+) -> list[Recorded]:
+    """Like ``read_range``, with each message's stream timestamp and headers."""
     if last_seq is not None and last_seq < start_seq:
         return []
     cfg = api.ConsumerConfig(
@@ -38,8 +66,11 @@ async def read_range(
     else:
         cfg.deliver_policy = api.DeliverPolicy.BY_START_SEQUENCE
         cfg.opt_start_seq = max(start_seq, 1)
-    psub = await js.pull_subscribe("", stream=stream, config=cfg)
-    out: list[tuple[int, str, bytes]] = []
+    try:
+        psub = await js.pull_subscribe("", stream=stream, config=cfg)
+    except NotFoundError:
+        return []
+    out: list[Recorded] = []
     try:
         while True:
             try:
@@ -50,7 +81,16 @@ async def read_range(
                 seq = m.metadata.sequence.stream
                 if last_seq is not None and seq > last_seq:
                     return out
-                out.append((seq, m.subject, m.data))
+                stamp = m.metadata.timestamp
+                out.append(
+                    Recorded(
+                        seq,
+                        m.subject,
+                        m.data,
+                        stamp.timestamp() if stamp is not None else 0.0,
+                        {k: str(v) for k, v in (m.headers or {}).items()},
+                    )
+                )
                 if m.metadata.num_pending == 0:
                     return out
     finally:

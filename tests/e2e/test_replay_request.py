@@ -1,0 +1,70 @@
+"""``jetfleet replay request ID`` on a real fleet: every stream's view of one request, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from infra.jetstream import close_nats, connect_nats
+from infra.replay_request import request_timeline
+from infra.supervisor import cli_command
+from schemas import Request, RequestObservation, Subjects, TokenChunk
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def test_timeline_of_an_n2_request(fleet) -> None:
+    t0 = time.time() - 1
+    async with httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(
+            f"{fleet.base_url}/v1/completions",
+            json={"model": "jetfleet-tiny", "prompt": "tell me", "max_tokens": 5, "n": 2},
+        )
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    nc = await connect_nats(fleet.nats_url, name="test-replay")
+    try:
+
+        async def complete():
+            got = await request_timeline(nc.jetstream(), Subjects(fleet.prefix), rid, t0)
+            return got if sum(isinstance(e.message, RequestObservation) for e in got) == 2 else None
+
+        entries = await wait_for(complete, timeout=10)
+    finally:
+        await close_nats(nc)
+    routed = [e for e in entries if isinstance(e.message, Request)]
+    assert {e.message.request_id for e in routed} == {f"{rid}-0", f"{rid}-1"}
+    assert all("routed to worker" in e.summary for e in routed)
+    finals = [e for e in entries if isinstance(e.message, TokenChunk) and e.message.finish_reason]
+    assert len(finals) == 2
+    obs = [e for e in entries if isinstance(e.message, RequestObservation)]
+    assert all("round-robin chose" in e.summary for e in obs)
+    assert [e.time_s for e in entries] == sorted(e.time_s for e in entries)
+    assert entries.index(routed[0]) < entries.index(finals[0])
+
+    out = await asyncio.to_thread(
+        subprocess.run,
+        cli_command(
+            "replay", "request", rid, "--nats", fleet.nats_url, "--subject-prefix", fleet.prefix
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "routed to worker" in out.stdout and "finish length" in out.stdout
+    missing = await asyncio.to_thread(
+        subprocess.run,
+        cli_command(
+            "replay", "request", "nope", "--nats", fleet.nats_url, "--subject-prefix", fleet.prefix
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 1 and "nothing recorded" in missing.stdout
