@@ -5,6 +5,7 @@ jetfleet connector local [--initial agg=2] [worker engine flags]
 jetfleet connector kubernetes --deployment agg=NAME [--namespace NS] ...
 jetfleet replay planner --from 15m [--to now] [--set k=v] [--check] [--json]
 jetfleet replay request ID [--from 1h] [--json]
+jetfleet replay kv [--at TIME] [--request ID] [--json]
 jetfleet profile --worker-id W [--out profile.json]
 """
 
@@ -124,6 +125,12 @@ def add_commands(
     rpl.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
     rpl.add_argument("--check", action="store_true", help="exit 1 if any decision differs")
     rpl.add_argument("--json", action="store_true")
+    rkv = rsub.add_parser("kv", help="the prefix index at a time; why a request went where")
+    common(rkv)
+    rkv.add_argument("--at", default=None, help="time (default: the request's, else now)")
+    rkv.add_argument("--request", default=None, help="explain this request's routing")
+    rkv.add_argument("--from", dest="from_", default="1h", help="where to look for the request")
+    rkv.add_argument("--json", action="store_true")
     rrq = rsub.add_parser("request", help="the life of one request across the streams")
     common(rrq)
     rrq.add_argument("request_id")
@@ -188,6 +195,8 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         from planner.connectors.kubernetes import run_kubernetes_connector
 
         return int(run_kubernetes_connector(args, subjects))
+    if args.cmd == "replay" and args.replay == "kv":
+        return int(runner(_replay_kv(args, subjects)))
     if args.cmd == "replay" and args.replay == "request":
         return int(runner(_replay_request(args, subjects)))
     if args.cmd == "replay":
@@ -241,3 +250,30 @@ async def _replay_request(args: argparse.Namespace, subjects: Subjects) -> int:
         await close_nats(nc)
     print_timeline(entries, args.json)
     return 0 if entries else 1
+
+
+async def _replay_kv(args: argparse.Namespace, subjects: Subjects) -> int:
+    from infra.jetstream import close_nats, connect_nats
+    from infra.tools import load_cards
+    from planner.replay import parse_time
+    from router.kv.replay import print_kv, replay_kv
+
+    try:
+        from_s = parse_time(args.from_)
+        at_s = parse_time(args.at) if args.at else None
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    nc = await connect_nats(args.nats, name="replay")
+    try:
+        js = nc.jetstream()
+        cards = await load_cards(js, subjects)
+        block_size = next(iter(cards.values())).block_size if len(cards) == 1 else 16
+        report = await replay_kv(js, subjects, at_s, args.request, from_s, block_size)
+    except LookupError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    finally:
+        await close_nats(nc)
+    print_kv(report, args.json)
+    return 0

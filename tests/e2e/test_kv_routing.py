@@ -89,3 +89,50 @@ async def test_departed_worker_blocks_are_dropped(kv_fleet):
         await wait_for(dropped, timeout=15)
     finally:
         await redis.aclose()
+
+
+async def test_replay_kv_explains_why_a_request_went_where_it_went(kv_fleet):
+    import time
+
+    from infra.jetstream import close_nats, connect_nats
+    from router.kv.replay import replay_kv
+    from schemas import Subjects
+
+    t0 = time.time() - 1
+    prompt = "explain my route, please: " * 20  # 520 bytes = 32 full blocks
+    async with Observations(kv_fleet) as obs, httpx.AsyncClient(timeout=30) as client:
+        url = f"{kv_fleet.base_url}/v1/completions"
+        ids = []
+        for suffix in ("a", "b"):
+            r = await client.post(
+                url, json={"model": M, "prompt": prompt + suffix, "max_tokens": 2}
+            )
+            assert r.status_code == 200, r.text
+            ids.append(r.json()["id"])
+            await wait_for(lambda n=len(ids): len(obs.items) == n, timeout=10)
+            if suffix == "a":  # let the first one's blocks reach the index
+                await wait_for(
+                    lambda: _indexed(kv_fleet, obs.items[0].worker_id, prompt), timeout=10
+                )
+    nc = await connect_nats(kv_fleet.nats_url, name="test-replay-kv")
+    try:
+        report = await replay_kv(nc.jetstream(), Subjects(kv_fleet.prefix), None, ids[1], t0, 16)
+    finally:
+        await close_nats(nc)
+    second = obs.items[1]
+    assert report.routed_to == second.worker_id == obs.items[0].worker_id
+    assert report.prompt_blocks == 32
+    assert report.overlaps.get(second.worker_id) == 32
+    assert report.recorded is not None and report.recorded.policy == "kv"
+    won = next(c for c in report.recorded.candidates if c.worker_id == second.worker_id)
+    assert won.overlap_blocks == report.overlaps[second.worker_id]
+
+
+async def _indexed(fleet, worker_id: str, prompt: str) -> bool:
+    redis = await connect_redis(fleet.redis_url)
+    try:
+        index = RedisPrefixIndex(redis, KvKeys.for_prefix(fleet.prefix))
+        hashes = fleet_hashes_for_prompt(list(prompt.encode()), 16)
+        return (await index.match(M, hashes)).get(worker_id, 0) == len(hashes)
+    finally:
+        await redis.aclose()
