@@ -6,6 +6,7 @@ jetfleet connector kubernetes --deployment agg=NAME [--namespace NS] ...
 jetfleet replay planner --from 15m [--to now] [--set k=v] [--check] [--json]
 jetfleet replay request ID [--from 1h] [--json]
 jetfleet replay kv [--at TIME] [--request ID] [--json]
+jetfleet replay traffic --from 15m [--to now] [--speed 2] [--target-nats URL]
 jetfleet profile --worker-id W [--out profile.json]
 """
 
@@ -131,6 +132,15 @@ def add_commands(
     rkv.add_argument("--request", default=None, help="explain this request's routing")
     rkv.add_argument("--from", dest="from_", default="1h", help="where to look for the request")
     rkv.add_argument("--json", action="store_true")
+    rtr = rsub.add_parser("traffic", help="send recorded requests again, with their timing")
+    common(rtr)
+    rtr.add_argument("--from", dest="from_", default="15m", help="15m (ago), epoch or ISO 8601")
+    rtr.add_argument("--to", default="now")
+    rtr.add_argument("--speed", type=float, default=1.0, help="2 = twice as fast")
+    rtr.add_argument("--target-nats", default=None, help="the fleet to send to (default: same)")
+    rtr.add_argument("--target-prefix", default=None)
+    rtr.add_argument("--router", default="least-loaded", help="routing policy for the replay")
+    rtr.add_argument("--redis", default=None, help="Redis of the target fleet (router kv)")
     rrq = rsub.add_parser("request", help="the life of one request across the streams")
     common(rrq)
     rrq.add_argument("request_id")
@@ -195,6 +205,8 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         from planner.connectors.kubernetes import run_kubernetes_connector
 
         return int(run_kubernetes_connector(args, subjects))
+    if args.cmd == "replay" and args.replay == "traffic":
+        return int(runner(_replay_traffic(args, subjects)))
     if args.cmd == "replay" and args.replay == "kv":
         return int(runner(_replay_kv(args, subjects)))
     if args.cmd == "replay" and args.replay == "request":
@@ -277,3 +289,34 @@ async def _replay_kv(args: argparse.Namespace, subjects: Subjects) -> int:
         await close_nats(nc)
     print_kv(report, args.json)
     return 0
+
+
+async def _replay_traffic(args: argparse.Namespace, subjects: Subjects) -> int:
+    from infra.replay_traffic import print_summary, replay_traffic
+    from planner.replay import parse_time
+
+    try:
+        from_s, to_s = parse_time(args.from_), parse_time(args.to)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if args.speed <= 0:
+        print("--speed must be positive", file=sys.stderr)
+        return 2
+    target = Subjects(args.target_prefix) if args.target_prefix else subjects
+    report = await replay_traffic(
+        args.nats,
+        subjects,
+        args.target_nats or args.nats,
+        target,
+        from_s,
+        to_s,
+        args.speed,
+        args.router,
+        args.redis,
+    )
+    print_summary(report)
+    if not report.recorded:
+        print("no recorded requests in that time range", file=sys.stderr)
+        return 1
+    return 0 if all(r.ok for r in report.replayed) else 1

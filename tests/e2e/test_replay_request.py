@@ -68,3 +68,28 @@ async def test_timeline_of_an_n2_request(fleet) -> None:
         timeout=60,
     )
     assert missing.returncode == 1 and "nothing recorded" in missing.stdout
+
+
+async def test_replay_traffic_sends_recorded_requests_again(fleet) -> None:
+    from infra.replay_traffic import replay_traffic, summary
+
+    t0 = time.time() - 0.5
+    async with httpx.AsyncClient(timeout=30) as client:
+        for i in range(4):
+            r = await client.post(
+                f"{fleet.base_url}/v1/completions",
+                json={"model": "jetfleet-tiny", "prompt": f"again {i}", "max_tokens": 6},
+            )
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(0.2)
+    t1 = time.time() + 0.5
+    s = Subjects(fleet.prefix)
+    report = await replay_traffic(
+        fleet.nats_url, s, fleet.nats_url, s, t0, t1, 4.0, "round-robin", None
+    )
+    out = summary(report)
+    assert out["recorded_requests"] == 4 and out["replayed"] == 4 and out["errors"] == 0
+    assert all(r.tokens == 6 and r.request_id.endswith(f"-replay-{k}")
+               for k, r in enumerate(report.replayed))  # fmt: skip
+    assert 0.0 < report.wall_s < 2.0  # 0.6 s of recorded spacing at 4x, plus generation
+    assert len(report.recorded_ttft_s) == 4
