@@ -188,11 +188,7 @@ class PlannerService:
             self.cfg.model, decisions, self.cfg.planner, pre, inp, self.cfg.dry_run
         )
         for rec in records:
-            await self.js.publish(
-                self.cfg.subjects.scale(rec.model, rec.role),
-                encode(rec),
-                headers={"Nats-Msg-Id": f"{rec.model}:{rec.decision_id}"},
-            )
+            await self._publish(rec)
         if self.pending_ack is not None:
             with contextlib.suppress(Exception):
                 await self.pending_ack.ack()
@@ -210,6 +206,25 @@ class PlannerService:
                 decision_id=d.decision_id,
             )
         return records
+
+    async def _publish(self, rec: ScalingDecided, attempts: int = 8) -> None:
+        """Publish one decision, retrying through a NATS outage (the message id makes retries
+        idempotent). Still failing: raise, and the restarted planner recovers from the record."""
+        delay = 0.25
+        for attempt in range(attempts):
+            try:
+                await self.js.publish(
+                    self.cfg.subjects.scale(rec.model, rec.role),
+                    encode(rec),
+                    headers={"Nats-Msg-Id": f"{rec.model}:{rec.decision_id}"},
+                )
+                return
+            except Exception as exc:
+                if attempt == attempts - 1:
+                    raise
+                log.warning("decision_publish_retry", error=str(exc), decision_id=rec.decision_id)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         s = self.cfg.subjects

@@ -99,7 +99,10 @@ class ConnectorService:
             replicas=replicas,
             detail=detail,
         )
-        await self.js.publish(self.subjects.scale_status(d.model, d.role), encode(msg))
+        try:
+            await self.js.publish(self.subjects.scale_status(d.model, d.role), encode(msg))
+        except Exception as exc:  # a lost status must not stop the scaling itself
+            log.warning("status_publish_failed", state=state, role=d.role, error=str(exc))
 
     def _skip_reason(self, d: ScalingDecided) -> str | None:
         if d.dry_run:
