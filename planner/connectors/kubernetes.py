@@ -1,0 +1,456 @@
+"""The ``kubernetes`` connector: scaling decisions set Deployment replicas via the Kubernetes API.
+
+    jetfleet connector kubernetes --model M --namespace jetfleet \\
+        --deployment prefill=jetfleet-prefill --deployment decode=jetfleet-decode
+
+Each role of the model maps to one Deployment of one namespace (``--deployment ROLE=NAME``). A
+decision is applied by setting ``spec.replicas`` of that Deployment to ``desired_replicas``: an
+absolute value, never a delta. Kubernetes is level-triggered, so a decision applied twice, or
+after someone else changed the count, still converges to what the planner asked for. The write
+goes to the Deployment's **scale subresource**, as ``kubectl scale`` sends it::
+
+    PATCH /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale
+    Content-Type: application/merge-patch+json
+    {"spec": {"replicas": N}}
+
+which needs ``patch`` on ``deployments/scale`` only (``infra/deploy/rbac.yaml``), not write
+access to the Deployment. ``applied`` means the API server accepted the new ``spec.replicas``
+(the result's ``replicas`` is the value it returned); the Deployment controller converges after.
+On a scale-down the kubelet sends SIGTERM to the pods the controller removes and each worker
+drains (stops taking requests, finishes in flight, deregisters, exits) within the pod's
+``terminationGracePeriodSeconds`` (``infra/deploy/workers.yaml``).
+
+Failures are results, never exceptions: a role without a Deployment, and API errors (status code,
+reason and the API's message in ``detail``). 409 Conflict, 429, 5xx and an unreachable API server
+are retried ``retries`` times, the delay doubling from ``backoff_s``; 401, 403, 404 and 422 are
+not (retrying does not fix them).
+
+``kubernetes_asyncio`` (``pip install 'jetfleet[kubernetes]'``) is imported only when the
+connector runs, so the rest of jetfleet and this module's flags do without it.
+
+Credentials (``auth``): ``api-server`` talks to ``api_server`` with an optional bearer ``token``
+and ``ca_cert`` (``kubectl proxy`` on http needs neither); ``in-cluster`` uses the pod's service
+account; ``kubeconfig`` a kubeconfig file and context. ``auto`` takes the first that applies: an
+explicit ``api_server`` (stated intent wins), the pod's service account when
+``KUBERNETES_SERVICE_HOST`` is set, then ``kubeconfig`` or ``$KUBECONFIG``/``~/.kube/config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args
+
+import structlog
+
+from infra.jetstream import close_nats, connect_nats, ensure_topology
+from planner.connectors.base import ConnectorService, ScaleResult
+from schemas import ScalingDecided, Subjects
+
+log = structlog.get_logger("jetfleet.connector.kubernetes")
+T = TypeVar("T")
+
+AuthMode = Literal["auto", "api-server", "in-cluster", "kubeconfig"]
+AUTH_MODES: tuple[str, ...] = get_args(AuthMode)
+MERGE_PATCH = "application/merge-patch+json"
+IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+NO_ANSWER = 0
+"""Status of a failure without an HTTP answer (connection refused, timeout)."""
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class KubernetesScalerConfig:
+    deployments: Mapping[str, str]
+    """Role -> name of the Deployment that runs the role's workers, in ``namespace``."""
+    namespace: str = "default"
+    auth: AuthMode = "auto"
+    api_server: str | None = None
+    """``https://host:6443``, or ``http://127.0.0.1:8001`` behind ``kubectl proxy``."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token for ``api-server`` auth (kept out of reprs and logs)."""
+    ca_cert: str | None = None
+    """CA bundle file that signed the API server's certificate."""
+    insecure_skip_tls_verify: bool = False
+    kubeconfig: str | None = None
+    context: str | None = None
+    """Kubeconfig context (default: the file's current context)."""
+    request_timeout_s: float = 10.0
+    retries: int = 3
+    """Extra attempts after a 409, 429, 5xx or connection error."""
+    backoff_s: float = 0.5
+    """Delay before the first retry, doubled for each next one."""
+
+
+# --- pure helpers -----------------------------------------------------------------------------
+
+
+def parse_deployments(items: Sequence[str]) -> dict[str, str]:
+    """``["agg=jetfleet-agg"]`` -> ``{"agg": "jetfleet-agg"}``; ValueError on a bad item."""
+    out: dict[str, str] = {}
+    for item in items:
+        role, sep, name = (part.strip() for part in item.partition("="))
+        if not sep or not role or not name:
+            raise ValueError(f"expected ROLE=DEPLOYMENT, got {item!r}")
+        if not _DNS_SUBDOMAIN.match(name):
+            raise ValueError(f"{name!r} is not a valid Deployment name (lowercase DNS subdomain)")
+        if out.get(role, name) != name:
+            raise ValueError(f"role {role!r} mapped twice ({out[role]!r} and {name!r})")
+        out[role] = name
+    return out
+
+
+def resolve_auth(
+    cfg: KubernetesScalerConfig, environ: Mapping[str, str], default_kubeconfig_exists: bool
+) -> AuthMode:
+    """The credential source ``cfg.auth`` stands for (``auto`` resolved); ValueError if none."""
+    if cfg.auth == "api-server" and not cfg.api_server:
+        raise ValueError("--auth api-server needs --api-server")
+    if cfg.auth != "auto":
+        return cfg.auth
+    if cfg.api_server:
+        return "api-server"
+    if environ.get(IN_CLUSTER_ENV):
+        return "in-cluster"
+    if cfg.kubeconfig or default_kubeconfig_exists:
+        return "kubeconfig"
+    raise ValueError(
+        f"no Kubernetes credentials: not in a pod ({IN_CLUSTER_ENV} unset), no kubeconfig"
+        " ($KUBECONFIG or ~/.kube/config), no --api-server"
+    )
+
+
+def pick_namespace(flag: str | None, service_account_namespace: str | None) -> str:
+    """The ``--namespace`` flag, else the pod's own namespace, else ``default``."""
+    for value in (flag, service_account_namespace):
+        if value and value.strip():
+            return value.strip()
+    return "default"
+
+
+def retryable(status: int) -> bool:
+    """Worth another attempt: a conflict, throttling, a server error or no answer at all."""
+    return status in (NO_ANSWER, 409, 429) or status >= 500
+
+
+def api_error_detail(status: int, reason: str, body: bytes | str | None) -> str:
+    """``403 Forbidden: <the Status message>`` from an API error answer."""
+    message = ""
+    if body:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            message = body.decode(errors="replace") if isinstance(body, bytes) else body
+        else:
+            if isinstance(parsed, dict):
+                message = str(parsed.get("message", ""))
+    head = f"{status} {reason}".strip()
+    message = " ".join(message.split())[:500]
+    return f"{head}: {message}" if message else head
+
+
+# --- the scaler -------------------------------------------------------------------------------
+
+
+def _default_kubeconfig_exists() -> bool:
+    from kubernetes_asyncio.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
+
+    return Path(os.path.expanduser(KUBE_CONFIG_DEFAULT_LOCATION)).exists()
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    status: int
+    """HTTP status, or ``NO_ANSWER``."""
+    detail: str
+
+
+async def api_client(cfg: KubernetesScalerConfig, environ: Mapping[str, str]) -> Any:
+    """A ``kubernetes_asyncio`` ApiClient for ``cfg``; ValueError/ConfigException if unusable."""
+    from kubernetes_asyncio import client as k8s_client
+    from kubernetes_asyncio import config as k8s_config
+
+    conf = k8s_client.Configuration()
+    mode = resolve_auth(cfg, environ, _default_kubeconfig_exists())
+    if mode == "in-cluster":
+        k8s_config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+    elif mode == "kubeconfig":
+        await k8s_config.load_kube_config(
+            config_file=cfg.kubeconfig,
+            context=cfg.context,
+            client_configuration=conf,
+            persist_config=False,
+        )
+    else:
+        assert cfg.api_server is not None  # resolve_auth checked
+        conf.host = cfg.api_server.rstrip("/")
+        if cfg.token:
+            conf.api_key = {"BearerToken": cfg.token}
+            conf.api_key_prefix = {"BearerToken": "Bearer"}
+        conf.ssl_ca_cert = cfg.ca_cert
+    if cfg.insecure_skip_tls_verify:
+        conf.verify_ssl = False
+    log.info("kubernetes_api", auth=mode, host=conf.host, namespace=cfg.namespace)
+    return k8s_client.ApiClient(configuration=conf)
+
+
+class KubernetesScaler:
+    name = "kubernetes"
+
+    def __init__(self, cfg: KubernetesScalerConfig, api: Any) -> None:
+        from kubernetes_asyncio.client import AppsV1Api
+
+        self.cfg = cfg
+        self.api = api
+        self.apps = AppsV1Api(api)
+
+    @classmethod
+    async def connect(
+        cls, cfg: KubernetesScalerConfig, environ: Mapping[str, str] | None = None
+    ) -> KubernetesScaler:
+        return cls(cfg, await api_client(cfg, os.environ if environ is None else environ))
+
+    def _where(self, deployment: str) -> str:
+        return f"deployment {self.cfg.namespace}/{deployment}"
+
+    async def scale(self, decision: ScalingDecided) -> ScaleResult:
+        deployment = self.cfg.deployments.get(decision.role)
+        if deployment is None:
+            mapped = ", ".join(f"{r}={d}" for r, d in sorted(self.cfg.deployments.items()))
+            return ScaleResult(
+                False,
+                decision.current_replicas,
+                f"no Deployment for role {decision.role!r} (mapped: {mapped or 'none'});"
+                f" add --deployment {decision.role}=NAME",
+            )
+        body = {"spec": {"replicas": decision.desired_replicas}}
+        # _content_type is accepted at run time; the library's stub does not list it
+        got = await self._call(
+            f"patch {self._where(deployment)}/scale",
+            lambda: self.apps.patch_namespaced_deployment_scale(  # type: ignore[call-arg]
+                deployment,
+                self.cfg.namespace,
+                body,
+                _content_type=MERGE_PATCH,
+                _request_timeout=self.cfg.request_timeout_s,
+            ),
+        )
+        if isinstance(got, ApiFailure):
+            return ScaleResult(False, decision.current_replicas, got.detail)
+        replicas = int(got.spec.replicas or 0)
+        return ScaleResult(
+            True,
+            replicas,
+            f"{self._where(deployment)}: spec.replicas={replicas}"
+            f" (status.replicas={got.status.replicas})",
+        )
+
+    async def read(self, role: str) -> ScaleResult:
+        """The current ``spec.replicas`` of the role's Deployment (a startup check: one try)."""
+        deployment = self.cfg.deployments.get(role)
+        if deployment is None:
+            return ScaleResult(False, 0, f"no Deployment for role {role!r}")
+        got = await self._call(
+            f"get {self._where(deployment)}/scale",
+            lambda: self.apps.read_namespaced_deployment_scale(
+                deployment, self.cfg.namespace, _request_timeout=self.cfg.request_timeout_s
+            ),
+            retries=0,
+        )
+        if isinstance(got, ApiFailure):
+            return ScaleResult(False, 0, got.detail)
+        return ScaleResult(True, int(got.spec.replicas or 0), self._where(deployment))
+
+    async def _call(
+        self, what: str, call: Callable[[], Awaitable[T]], retries: int | None = None
+    ) -> T | ApiFailure:
+        """``call()``'s answer, or an ``ApiFailure`` once retries are spent or pointless."""
+        from aiohttp import ClientError
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        retries = self.cfg.retries if retries is None else retries
+        delay = self.cfg.backoff_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await call()
+            except ApiException as exc:
+                status = int(exc.status or NO_ANSWER)
+                failure = ApiFailure(
+                    status, api_error_detail(status, str(exc.reason or ""), exc.body)
+                )
+            except (ClientError, OSError, TimeoutError) as exc:
+                host = self.api.configuration.host
+                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                failure = ApiFailure(NO_ANSWER, f"cannot reach the API server {host}: {reason}")
+            if not retryable(failure.status) or attempt > retries:
+                tries = f", {attempt} attempts" if attempt > 1 else ""
+                return ApiFailure(failure.status, f"{failure.detail} ({what}{tries})")
+            log.warning("kubernetes_retry", what=what, attempt=attempt, error=failure.detail)
+            await asyncio.sleep(delay)
+            delay *= 2
+
+    async def close(self) -> None:
+        await self.api.close()
+
+
+# --- the process ------------------------------------------------------------------------------
+
+
+def add_kubernetes_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``jetfleet connector kubernetes`` (the NATS flags come from the common set)."""
+    p.add_argument(
+        "--model", default="jetfleet-tiny", help="served model whose decisions to act on"
+    )
+    p.add_argument(
+        "--deployment",
+        action="append",
+        default=[],
+        required=True,
+        metavar="ROLE=NAME",
+        help="Deployment running a role's workers (repeat per role)",
+    )
+    p.add_argument(
+        "--namespace", default=None, help="default: the pod's own namespace, else 'default'"
+    )
+    p.add_argument("--auth", choices=AUTH_MODES, default="auto", help="credential source")
+    p.add_argument("--api-server", default=None, help="API server URL (wins over auto-detection)")
+    p.add_argument("--token", default=None, help="bearer token for --api-server")
+    p.add_argument("--token-file", default=None, help="file holding the bearer token")
+    p.add_argument("--ca-cert", default=None, help="CA bundle of the API server's certificate")
+    p.add_argument("--insecure-skip-tls-verify", action="store_true")
+    p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--context", default=None, help="kubeconfig context")
+    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per API call")
+    p.add_argument("--retries", type=int, default=3, help="retries of a 409/429/5xx/no answer")
+    p.add_argument(
+        "--max-age", type=float, default=300.0, help="skip decisions older than this (seconds)"
+    )
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def config_from_args(
+    args: argparse.Namespace, service_account_dir: Path = SERVICE_ACCOUNT_DIR
+) -> KubernetesScalerConfig:
+    """The scaler config of parsed ``add_kubernetes_args`` flags; ValueError if inconsistent."""
+    token = args.token
+    if args.token_file:
+        text = _read_text(Path(args.token_file))
+        if text is None or not text.strip():
+            raise ValueError(f"cannot read a token from {args.token_file}")
+        token = text.strip()
+    if args.retries < 0 or args.request_timeout <= 0:
+        raise ValueError("--retries must be >= 0 and --request-timeout > 0")
+    return KubernetesScalerConfig(
+        deployments=parse_deployments(args.deployment),
+        namespace=pick_namespace(args.namespace, _read_text(service_account_dir / "namespace")),
+        auth=args.auth,
+        api_server=args.api_server,
+        token=token,
+        ca_cert=args.ca_cert,
+        insecure_skip_tls_verify=args.insecure_skip_tls_verify,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        request_timeout_s=args.request_timeout,
+        retries=args.retries,
+    )
+
+
+async def serve_kubernetes_connector(
+    nats_url: str,
+    subjects: Subjects,
+    model: str,
+    cfg: KubernetesScalerConfig,
+    stop: asyncio.Event,
+    ready: asyncio.Event | None = None,
+    max_age_s: float = 300.0,
+) -> None:
+    """Apply ``model``'s decisions to the Deployments of ``cfg`` until ``stop`` is set."""
+    scaler = await KubernetesScaler.connect(cfg)
+    try:
+        for role in sorted(cfg.deployments):
+            found = await scaler.read(role)
+            if found.ok:
+                log.info("deployment_found", role=role, what=found.detail, replicas=found.replicas)
+            else:  # not fatal: the API may come back; decisions then report the error
+                log.warning("deployment_check_failed", role=role, error=found.detail)
+        nc = await connect_nats(nats_url, name=f"connector-kubernetes-{model}")
+        try:
+            await ensure_topology(nc.jetstream(), subjects)
+            service = ConnectorService(nc, subjects, model, scaler, max_age_s=max_age_s)
+            log.info("connector_ready", connector="kubernetes", model=model)
+            await service.run(stop, ready)
+        finally:
+            await close_nats(nc)
+    finally:
+        await scaler.close()
+
+
+async def _serve_until_signal(
+    args: argparse.Namespace, subjects: Subjects, cfg: KubernetesScalerConfig
+) -> int:
+    from kubernetes_asyncio.config import ConfigException
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await serve_kubernetes_connector(
+            args.nats, subjects, args.model, cfg, stop, max_age_s=args.max_age
+        )
+    except (ValueError, ConfigException) as exc:
+        print(f"jetfleet connector kubernetes: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_kubernetes_connector(args: argparse.Namespace, subjects: Subjects) -> int:
+    """``jetfleet connector kubernetes``: apply decisions until SIGTERM or SIGINT.
+
+    In a pod (service account ``jetfleet-planner``, infra/deploy/rbac.yaml)::
+
+        jetfleet connector kubernetes --nats nats://nats:4222 --model jetfleet-tiny \\
+            --namespace jetfleet --deployment agg=jetfleet-agg
+
+    From a workstation, through ``kubectl proxy`` or with a token::
+
+        jetfleet connector kubernetes --model jetfleet-tiny --deployment agg=jetfleet-agg \\
+            --api-server https://10.0.0.1:6443 --token-file ./token --ca-cert ./ca.crt
+
+    Exit status 0 after a signal, 2 for unusable flags or credentials.
+    """
+    try:
+        import kubernetes_asyncio  # noqa: F401
+    except ImportError:
+        print(
+            "jetfleet connector kubernetes needs kubernetes_asyncio:"
+            " pip install 'jetfleet[kubernetes]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"jetfleet connector kubernetes: {exc}", file=sys.stderr)
+        return 2
+    import uvloop
+
+    return int(uvloop.run(_serve_until_signal(args, subjects, cfg)))
