@@ -1,7 +1,13 @@
 """The vLLM engine adapter (``--engine vllm``; GPU; ``pip install 'jetfleet[vllm]'``).
 
-Map of the package:
+Map of the package (only ``backend.py`` imports vLLM, and only when constructed):
 
+- ``engine.py``       ``VllmEngine``: the worker's ``Engine`` over vLLM's ``AsyncLLM``
+- ``backend.py``      builds ``AsyncLLM``, ``SamplingParams``, prompts, LoRA requests
+- ``config.py``       ``VllmEngineConfig`` -> ``AsyncEngineArgs`` keyword arguments
+- ``mapping.py``      our sampling params -> vLLM's; vLLM finish reasons -> ours
+- ``stats.py``        scheduler stats from a vLLM stat logger, for ``load()``
+- ``lora.py``         adapter names <-> vLLM's integer LoRA ids
 - ``kv_events.py``    vLLM's KV event wire format -> ``schemas.kv_events``; sequence gaps
 - ``subscriber.py``   ZMQ SUB + replay client of vLLM's KV event publisher
 - ``cache_shadow.py`` vLLM's cached blocks as seen through its events (resync, consistency)

@@ -1,0 +1,462 @@
+"""VllmEngine over a fake ``AsyncLLM``: request mapping, delta outputs, finish reasons, abort,
+load and control ops. The fake yields objects with the ``RequestOutput`` attributes the adapter
+reads (``outputs[0].token_ids``, ``outputs[0].finish_reason``, ``finished``,
+``num_cached_tokens``), as vLLM does with ``RequestOutputKind.DELTA``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from schemas.requests import SamplingParams
+from tests.helpers import wait_for
+from workers.engine import EngineOutput, EngineRequest
+from workers.engines.vllm.backend import StartedLlm
+from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig
+from workers.engines.vllm.engine import VllmEngine
+from workers.engines.vllm.stats import SchedulerStatsCollector
+
+END = object()  # ends a fake stream without a finished output
+
+
+def request_output(
+    tokens: Sequence[int], finished: bool = False, reason: str | None = None, cached: int | None = 0
+) -> SimpleNamespace:
+    completion = SimpleNamespace(token_ids=list(tokens), finish_reason=reason)
+    return SimpleNamespace(outputs=[completion], finished=finished, num_cached_tokens=cached)
+
+
+class FakeLLM:
+    """The ``AsyncLLM`` methods the adapter calls; each request's outputs are pushed by the test."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, asyncio.Queue[Any]] = {}
+        self.calls: list[dict[str, Any]] = []
+        self.aborted: list[str] = []
+        self.reset_results: list[bool | None] = []
+        self.slept: list[int] = []
+        self.woken = 0
+        self.unhealthy: Exception | None = None
+        self.loras: dict[int, Any] = {}
+        self.shut_down = False
+
+    def queue(self, vllm_id: str) -> asyncio.Queue[Any]:
+        return self.streams.setdefault(vllm_id, asyncio.Queue())
+
+    async def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, lora_request: Any = None
+    ) -> AsyncIterator[Any]:
+        self.calls.append(
+            {"prompt": prompt, "params": sampling_params, "id": request_id, "lora": lora_request}
+        )
+        q = self.queue(request_id)
+        while True:
+            item = await q.get()
+            if item is END:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def reset_prefix_cache(self) -> bool | None:
+        return self.reset_results.pop(0) if self.reset_results else True
+
+    async def sleep(self, level: int) -> None:
+        self.slept.append(level)
+
+    async def wake_up(self) -> None:
+        self.woken += 1
+
+    async def check_health(self) -> None:
+        if self.unhealthy is not None:
+            raise self.unhealthy
+
+    async def add_lora(self, lora: Any) -> bool:
+        self.loras[lora[2]] = lora
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return self.loras.pop(lora_id, None) is not None
+
+    async def list_loras(self) -> set[int]:
+        return set(self.loras)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+@dataclass
+class FakeBackend:
+    llm: FakeLLM = field(default_factory=FakeLLM)
+    stats: SchedulerStatsCollector | None = None
+    kv: KvEventsEndpoints | None = None
+
+    def start_llm(
+        self, config: VllmEngineConfig, kv: KvEventsEndpoints | None, stats: SchedulerStatsCollector
+    ) -> StartedLlm:
+        self.stats, self.kv = stats, kv
+        return StartedLlm(self.llm, 1000)
+
+    def sampling_params(self, kwargs: dict[str, Any]) -> Any:
+        if kwargs["temperature"] < 0:
+            raise ValueError("temperature must be non-negative")
+        return {**kwargs, "output_kind": "DELTA"}
+
+    def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
+        return {"prompt_token_ids": list(token_ids)}
+
+    def lora_request(self, name: str, lora_id: int, path: str) -> Any:
+        return ("lora", name, lora_id, path)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.outputs: list[EngineOutput] = []
+
+    def on_output(self, output: EngineOutput) -> None:
+        self.outputs.append(output)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for o in self.outputs for t in o.new_token_ids]
+
+    @property
+    def final(self) -> EngineOutput | None:
+        return self.outputs[-1] if self.outputs and self.outputs[-1].finished else None
+
+
+def config(**overrides: Any) -> VllmEngineConfig:
+    base: dict[str, Any] = {"model": "m", "kv_events": False, "max_num_seqs": 8}
+    return VllmEngineConfig(**(base | overrides))
+
+
+async def started(**overrides: Any) -> tuple[VllmEngine, FakeBackend]:
+    backend = FakeBackend()
+    engine = VllmEngine(config(**overrides), backend)
+    await engine.start(lambda events: None)
+    return engine, backend
+
+
+def request(rid: str = "r1", n_prompt: int = 5, **sampling: Any) -> EngineRequest:
+    sp = SamplingParams(**({"max_tokens": 4} | sampling))
+    return EngineRequest(rid, tuple(range(1, n_prompt + 1)), sp)
+
+
+async def submitted(engine: VllmEngine, backend: FakeBackend, req: EngineRequest) -> Sink:
+    sink = Sink()
+    before = len(backend.llm.calls)
+    engine.add_request(req, sink)
+    await wait_for(lambda: len(backend.llm.calls) > before, timeout=2.0, interval=0.001)
+    return sink
+
+
+async def push(backend: FakeBackend, item: Any, call: int = -1) -> None:
+    await backend.llm.queue(backend.llm.calls[call]["id"]).put(item)
+
+
+# ------------------------------------------------------------------------------ requests
+async def test_request_reaches_generate_as_tokens_and_delta_params() -> None:
+    engine, backend = await started()
+    req = EngineRequest(
+        "r1",
+        (5, 6, 7),
+        SamplingParams(max_tokens=3, temperature=0.5, top_p=0.9, seed=7, stop_token_ids=(2,)),
+        kv_transfer_params={"do_remote_decode": True},
+    )
+    await submitted(engine, backend, req)
+    call = backend.llm.calls[0]
+    assert call["prompt"] == {"prompt_token_ids": [5, 6, 7]}
+    assert call["params"]["output_kind"] == "DELTA"
+    assert call["params"]["max_tokens"] == 3 and call["params"]["seed"] == 7
+    assert call["params"]["extra_args"] == {"kv_transfer_params": {"do_remote_decode": True}}
+    assert call["id"].startswith("r1-") and call["lora"] is None
+    await engine.stop()
+
+
+async def test_delta_outputs_go_to_the_sink_in_order() -> None:
+    engine, backend = await started()
+    sink = await submitted(engine, backend, request(n_prompt=5))
+    await push(backend, request_output([10], cached=4))
+    await push(backend, request_output([11, 12]))
+    await push(backend, request_output([13], finished=True, reason="length"))
+    await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    assert sink.tokens == [10, 11, 12, 13]
+    assert [o.finished for o in sink.outputs] == [False, False, True]
+    assert sink.final is not None and sink.final.finish_reason == "length"
+    assert all(o.num_prompt_tokens == 5 for o in sink.outputs)
+    assert sink.outputs[0].num_cached_tokens == 4
+    load = engine.load()
+    assert (load.prompt_tokens_total, load.cached_tokens_total) == (5, 4)
+    assert load.active_prefill_tokens == 0 and load.num_running + load.num_waiting == 0
+    await engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("vllm_reason", "ours", "has_error"),
+    [
+        ("stop", "stop", False),
+        ("length", "length", False),
+        ("abort", "abort", False),
+        ("error", "error", True),
+        (None, "stop", False),
+        ("something-new", "stop", False),
+    ],
+)
+async def test_finish_reasons(vllm_reason: str | None, ours: str, has_error: bool) -> None:
+    engine, backend = await started()
+    sink = await submitted(engine, backend, request())
+    await push(backend, request_output([1], finished=True, reason=vllm_reason))
+    final = await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    assert final.finish_reason == ours
+    assert (final.error is not None) == has_error
+    await engine.stop()
+
+
+async def test_an_exception_from_vllm_ends_the_request_with_its_message() -> None:
+    engine, backend = await started()
+    sink = await submitted(engine, backend, request())
+    await push(backend, request_output([1]))
+    await push(backend, RuntimeError("EngineCore died"))
+    final = await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    assert final.finish_reason == "error"
+    assert final.error is not None and "EngineCore died" in final.error
+    assert engine.load().num_waiting == 0
+    await engine.stop()
+
+
+async def test_a_stream_that_ends_unfinished_is_an_error() -> None:
+    engine, backend = await started()
+    sink = await submitted(engine, backend, request())
+    await push(backend, END)
+    final = await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    assert final.finish_reason == "error"
+    await engine.stop()
+
+
+async def test_abort_ends_at_once_and_aborts_in_vllm() -> None:
+    engine, backend = await started()
+    sink = await submitted(engine, backend, request(n_prompt=7))
+    vllm_id = backend.llm.calls[0]["id"]
+    assert engine.load().active_prefill_tokens == 7
+    assert engine.abort("r1") is True
+    assert sink.final is not None and sink.final.finish_reason == "abort"
+    await wait_for(lambda: vllm_id in backend.llm.aborted, timeout=2.0, interval=0.001)
+    await push(backend, request_output([99]))  # too late: nobody listens
+    await asyncio.sleep(0)
+    assert sink.tokens == [] and len(sink.outputs) == 1
+    assert engine.abort("r1") is False and engine.abort("nope") is False
+    assert engine.load().active_prefill_tokens == 0
+    await engine.stop()
+
+
+async def test_a_newer_attempt_replaces_the_running_one() -> None:
+    engine, backend = await started()
+    old = await submitted(engine, backend, request())
+    new = await submitted(engine, backend, request())
+    first, second = (c["id"] for c in backend.llm.calls)
+    assert first != second
+    assert old.final is not None and old.final.finish_reason == "abort"
+    await push(backend, request_output([5], finished=True, reason="stop"))
+    await wait_for(lambda: new.final, timeout=2.0, interval=0.001)
+    assert new.tokens == [5]
+    await engine.stop()
+
+
+async def test_bad_requests_end_with_an_error_without_reaching_vllm() -> None:
+    engine, backend = await started(enable_lora=True)
+    unknown_lora = Sink()
+    engine.add_request(
+        EngineRequest("a", (1, 2), SamplingParams(max_tokens=1), lora_name="nope"), unknown_lora
+    )
+    bad_params = Sink()
+    engine.add_request(request("b", temperature=-1.0), bad_params)
+    for sink in (unknown_lora, bad_params):
+        assert sink.final is not None and sink.final.finish_reason == "error"
+    assert unknown_lora.final is not None and "nope" in (unknown_lora.final.error or "")
+    assert backend.llm.calls == []
+    assert engine.load().active_prefill_tokens == 0
+    await engine.stop()
+
+
+async def test_a_loaded_lora_is_passed_with_the_request() -> None:
+    engine, backend = await started(enable_lora=True)
+    res = await engine.control("lora_load", {"name": "sql", "path": "/adapters/sql"})
+    assert res.ok, res.detail
+    req = EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), lora_name="sql")
+    await submitted(engine, backend, req)
+    assert backend.llm.calls[0]["lora"] == ("lora", "sql", res.data["lora_id"], "/adapters/sql")
+    await engine.stop()
+
+
+# ---------------------------------------------------------------------------------- load
+async def test_load_reads_scheduler_stats_and_own_counts() -> None:
+    engine, backend = await started()
+    assert backend.stats is not None
+    await submitted(engine, backend, request("a", n_prompt=10))
+    await submitted(engine, backend, request("b", n_prompt=6))
+    await submitted(engine, backend, request("c", n_prompt=3))
+    backend.stats.record(
+        SimpleNamespace(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.25),
+        SimpleNamespace(num_preempted_reqs=1),
+    )
+    await push(backend, request_output([1], cached=8), call=0)  # a: prefilled
+    await wait_for(lambda: engine.load().active_prefill_tokens == 9, timeout=2.0, interval=0.001)
+    load = engine.load()
+    assert (load.num_running, load.num_waiting) == (2, 1)
+    assert load.kv_usage == 0.25 and load.num_gpu_blocks == 1000
+    assert load.active_decode_blocks == 250
+    assert load.num_preempted_total == 1 and load.max_num_seqs == 8
+    assert (load.prompt_tokens_total, load.cached_tokens_total) == (10, 8)
+    await engine.stop()
+
+
+async def test_load_counts_requests_vllm_has_not_reported_yet_as_waiting() -> None:
+    engine, backend = await started()
+    await submitted(engine, backend, request("a"))
+    load = engine.load()  # no stats record yet
+    assert (load.num_running, load.num_waiting) == (0, 1)
+    await engine.stop()
+
+
+def test_stats_collector_reads_both_kv_usage_names_and_step_time() -> None:
+    now = [0.0]
+    c = SchedulerStatsCollector(clock=lambda: now[0])
+    old = SimpleNamespace(num_running_reqs=3, num_waiting_reqs=0, gpu_cache_usage=0.5)
+    c.record(old, None)
+    now[0] = 0.02
+    c.record(old, SimpleNamespace(num_preempted_reqs=2))
+    s = c.snapshot()
+    assert s.kv_usage == 0.5 and s.num_preempted_total == 2
+    assert s.step_ms == pytest.approx(20.0)
+    now[0] = 5.0
+    c.record(SimpleNamespace(num_running_reqs=0, num_waiting_reqs=0, kv_cache_usage=0.0), None)
+    assert c.snapshot().step_ms == 0.0 and c.snapshot().records == 3
+
+
+# ------------------------------------------------------------------------------- control
+async def test_health() -> None:
+    engine, backend = await started()
+    res = await engine.control("health", {})
+    assert res.ok and res.data["num_gpu_blocks"] == 1000 and res.data["sleeping"] is False
+    backend.llm.unhealthy = RuntimeError("EngineDeadError")
+    res = await engine.control("health", {})
+    assert not res.ok and "EngineDeadError" in res.detail
+    await engine.stop()
+
+
+async def test_sleep_holds_new_requests_until_wake() -> None:
+    engine, backend = await started(enable_sleep_mode=True)
+    busy = await submitted(engine, backend, request("busy"))
+    assert not (await engine.control("sleep", {})).ok  # requests in flight
+    await push(backend, request_output([1], finished=True, reason="stop"))
+    await wait_for(lambda: busy.final, timeout=2.0, interval=0.001)
+    res = await engine.control("sleep", {"level": "2"})
+    assert res.ok and backend.llm.slept == [2]
+    assert (await engine.control("health", {})).data["sleeping"] is True
+    held = Sink()
+    engine.add_request(request("held"), held)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(backend.llm.calls) == 1  # not sent to vLLM while asleep
+    assert (await engine.control("wake", {})).ok and backend.llm.woken == 1
+    await wait_for(lambda: len(backend.llm.calls) == 2, timeout=2.0, interval=0.001)
+    assert not (await engine.control("sleep", {"level": "3"})).ok
+    await engine.stop()
+
+
+async def test_sleep_needs_sleep_mode() -> None:
+    engine, backend = await started()
+    res = await engine.control("sleep", {})
+    assert not res.ok and backend.llm.slept == []
+    await engine.stop()
+
+
+@pytest.mark.parametrize(("vllm_result", "ok"), [(True, True), (None, True), (False, False)])
+async def test_clear_kv(vllm_result: bool | None, ok: bool) -> None:
+    engine, backend = await started()
+    backend.llm.reset_results = [vllm_result]
+    assert (await engine.control("clear_kv", {})).ok is ok
+    await engine.stop()
+
+
+async def test_lora_load_list_unload() -> None:
+    engine, backend = await started(enable_lora=True)
+    assert not (await engine.control("lora_load", {"name": "a"})).ok  # no path
+    a = await engine.control("lora_load", {"name": "a", "path": "/a"})
+    b = await engine.control("lora_load", {"name": "b", "path": "/b"})
+    assert a.ok and b.ok and a.data["lora_id"] != b.data["lora_id"]
+    assert (await engine.control("lora_load", {"name": "a", "path": "/a"})).ok  # idempotent
+    assert (await engine.control("lora_list", {})).data == {"loras": ["a", "b"]}
+    assert (await engine.control("lora_unload", {"name": "a"})).ok
+    assert not (await engine.control("lora_unload", {"name": "a"})).ok
+    assert (await engine.control("lora_list", {})).data == {"loras": ["b"]}
+    assert set(backend.llm.loras) == {b.data["lora_id"]}
+    await engine.stop()
+
+
+async def test_lora_needs_enable_lora() -> None:
+    engine, backend = await started()
+    assert not (await engine.control("lora_load", {"name": "a", "path": "/a"})).ok
+    assert backend.llm.loras == {}
+    await engine.stop()
+
+
+async def test_unknown_op_kv_resync_without_events_and_before_start() -> None:
+    engine, _ = await started()
+    assert not (await engine.control("defragment", {})).ok
+    assert not (await engine.control("kv_resync", {})).ok  # KV events off
+    await engine.stop()
+    idle = VllmEngine(config(), FakeBackend())
+    assert not (await idle.control("health", {})).ok
+
+
+async def test_stop_cancels_requests_and_shuts_vllm_down() -> None:
+    engine, backend = await started()
+    await submitted(engine, backend, request())
+    vllm_id = backend.llm.calls[0]["id"]
+    await engine.stop()
+    assert backend.llm.shut_down and vllm_id in backend.llm.aborted
+
+
+def test_without_vllm_construction_fails_clearly() -> None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vllm is installed")
+    from workers.engines.vllm.backend import VllmNotInstalledError
+
+    with pytest.raises(VllmNotInstalledError, match="jetfleet\\[vllm\\]"):
+        VllmEngine(config())
+    with pytest.raises(ValueError, match="VllmEngineConfig"):
+        VllmEngine.from_cli_defaults(SimpleNamespace(kind="vllm"))
+
+
+async def test_a_failed_start_leaves_no_socket_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    short = Path(tempfile.mkdtemp(prefix="jf-"))  # ipc paths must stay short
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+
+    class FailingBackend(FakeBackend):
+        def start_llm(self, *args: Any) -> StartedLlm:
+            raise RuntimeError("CUDA out of memory")
+
+    engine = VllmEngine(config(kv_events=True), FailingBackend())
+    try:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            await engine.start(lambda events: None)
+        assert os.listdir(short) == []
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

@@ -1,0 +1,90 @@
+"""The only module that touches vLLM: builds ``AsyncLLM`` and vLLM's request objects.
+
+``VllmBackend`` is the seam the engine is written against; ``RealVllmBackend`` imports vLLM
+(``pip install 'jetfleet[vllm]'`` on a CUDA machine) when it is constructed, never at module
+import, so the rest of jetfleet, and the unit tests with a fake backend, run without vLLM.
+vLLM is untyped from here: its objects are ``Any``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig, engine_args_kwargs
+from workers.engines.vllm.stats import SchedulerStatsCollector, stat_logger_class
+
+
+class VllmNotInstalledError(RuntimeError):
+    """``--engine vllm`` on a machine without the ``vllm`` package."""
+
+
+@dataclass(frozen=True)
+class StartedLlm:
+    llm: Any  # vllm.v1.engine.async_llm.AsyncLLM (or a test double with the same methods)
+    num_gpu_blocks: int  # KV cache size vLLM settled on after profiling memory
+
+
+class VllmBackend(Protocol):
+    def start_llm(
+        self, config: VllmEngineConfig, kv: KvEventsEndpoints | None, stats: SchedulerStatsCollector
+    ) -> StartedLlm:
+        """Build the engine (loads weights, profiles memory: blocks for minutes on a GPU)."""
+
+    def sampling_params(self, kwargs: dict[str, Any]) -> Any:
+        """``vllm.SamplingParams(**kwargs, output_kind=DELTA)``."""
+
+    def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
+        """``vllm.inputs.TokensPrompt(prompt_token_ids=...)``."""
+
+    def lora_request(self, name: str, lora_id: int, path: str) -> Any:
+        """``vllm.lora.request.LoRARequest(name, lora_id, path)``."""
+
+
+class RealVllmBackend:
+    def __init__(self) -> None:
+        try:
+            self._args = importlib.import_module("vllm.engine.arg_utils")
+            self._async_llm = importlib.import_module("vllm.v1.engine.async_llm")
+            self._config = importlib.import_module("vllm.config")
+            self._sampling = importlib.import_module("vllm.sampling_params")
+            self._inputs = importlib.import_module("vllm.inputs")
+            self._lora = importlib.import_module("vllm.lora.request")
+            self._loggers = importlib.import_module("vllm.v1.metrics.loggers")
+        except ImportError as exc:
+            raise VllmNotInstalledError(
+                "the vllm engine needs the vllm package (pip install 'jetfleet[vllm]' on a "
+                f"machine with CUDA GPUs): {exc}"
+            ) from exc
+
+    def engine_args(self, config: VllmEngineConfig, kv: KvEventsEndpoints | None) -> Any:
+        kwargs = engine_args_kwargs(config, kv)
+        if "kv_events_config" in kwargs:
+            kwargs["kv_events_config"] = self._config.KVEventsConfig(**kwargs["kv_events_config"])
+        if "kv_transfer_config" in kwargs:
+            kwargs["kv_transfer_config"] = self._config.KVTransferConfig(
+                **kwargs["kv_transfer_config"]
+            )
+        return self._args.AsyncEngineArgs(**kwargs)
+
+    def start_llm(
+        self, config: VllmEngineConfig, kv: KvEventsEndpoints | None, stats: SchedulerStatsCollector
+    ) -> StartedLlm:
+        logger = stat_logger_class(self._loggers.StatLoggerBase, stats)
+        llm = self._async_llm.AsyncLLM.from_engine_args(
+            self.engine_args(config, kv), stat_loggers=[logger]
+        )
+        blocks = llm.vllm_config.cache_config.num_gpu_blocks
+        return StartedLlm(llm, int(blocks or 0))
+
+    def sampling_params(self, kwargs: dict[str, Any]) -> Any:
+        delta = self._sampling.RequestOutputKind.DELTA
+        return self._sampling.SamplingParams(**kwargs, output_kind=delta)
+
+    def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
+        return self._inputs.TokensPrompt(prompt_token_ids=list(token_ids))
+
+    def lora_request(self, name: str, lora_id: int, path: str) -> Any:
+        return self._lora.LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)

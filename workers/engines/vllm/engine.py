@@ -1,0 +1,439 @@
+"""The vLLM engine (``--engine vllm``): vLLM's V1 ``AsyncLLM`` behind the worker's ``Engine``.
+
+- **Requests.** ``add_request`` maps our request to ``SamplingParams`` (``mapping.py``) and a
+  ``TokensPrompt`` and starts one task that consumes ``AsyncLLM.generate()`` with
+  ``RequestOutputKind.DELTA``: each ``RequestOutput`` carries only new token ids and goes to the
+  sink as one ``EngineOutput`` (``num_cached_tokens`` from vLLM's prefix cache). vLLM's request id
+  is ours plus a counter, so a newer attempt of a request can start while vLLM still tears the
+  aborted one down. An exception from vLLM ends the request with ``finish_reason="error"`` and
+  the message. ``abort`` cancels the task (vLLM aborts the request when its generator is
+  cancelled; the task also calls ``AsyncLLM.abort``) and sends the final ``abort`` output at once.
+- **KV events.** vLLM publishes its own events on a ZMQ socket (``subscriber.py`` reads them and
+  fills gaps from vLLM's replay socket). They pass through ``CacheShadow`` (``cache_shadow.py``)
+  on their way to the worker's KV listener. ``kv_resync`` republishes the shadow. When events were
+  lost for good, the fleet is told ``AllBlocksCleared`` and vLLM's prefix cache is reset (retried
+  every ``kv_reset_retry_s`` while blocks are in use) so what vLLM holds and what the fleet
+  sees meet again.
+- **Load.** ``load()`` combines the last scheduler stats (``stats.py``, a stat logger handed to
+  ``AsyncLLM``) with the adapter's own counts: ``active_decode_blocks`` is vLLM's KV usage times
+  its block count; ``active_prefill_tokens`` the prompt tokens of requests without a first
+  token yet; the prompt/cached token totals are summed from the first output of each request.
+- **Control.** health (``check_health``), sleep/wake (``sleep(level)``/``wake_up``; requests
+  admitted while asleep wait for the wake), clear_kv (``reset_prefix_cache``), lora_load /
+  lora_unload / lora_list (``add_lora``/``remove_lora``/``list_loras``), kv_resync.
+- ``kv_transfer_params`` of a request go to vLLM in ``SamplingParams.extra_args``. The ones vLLM
+  returns on a prefill's output are not passed back: ``EngineOutput`` has no field for them yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from schemas.kv_events import KvCacheEvent
+from workers.engine import (
+    ControlResult,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    KvListener,
+    OutputSink,
+)
+from workers.engines.vllm.backend import RealVllmBackend, VllmBackend
+from workers.engines.vllm.cache_shadow import CacheShadow
+from workers.engines.vllm.config import VllmEngineConfig
+from workers.engines.vllm.kv_events import DecodedBatch, DecodeOptions, decode_batch
+from workers.engines.vllm.lora import LoraRegistry
+from workers.engines.vllm.mapping import finish_reason, sampling_kwargs
+from workers.engines.vllm.stats import SchedulerStatsCollector
+from workers.engines.vllm.subscriber import KvEventSubscriber
+
+log = structlog.get_logger("jetfleet.vllm")
+
+ControlHandler = Callable[[dict[str, str]], Awaitable[ControlResult]]
+
+
+@dataclass(eq=False, slots=True)
+class _Running:
+    request_id: str
+    vllm_id: str
+    sink: OutputSink
+    num_prompt_tokens: int
+    task: asyncio.Task[None] | None = None
+    started: bool = False  # a first output came (the prompt is prefilled)
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, config: VllmEngineConfig, backend: VllmBackend | None = None) -> None:
+        """Raises ``VllmNotInstalledError`` without a backend when vLLM is not installed."""
+        self.config = config
+        self._backend: VllmBackend = backend if backend is not None else RealVllmBackend()
+        self.max_num_seqs = config.max_num_seqs
+        self.block_size = config.block_size
+        self.num_gpu_blocks = 0  # known once started
+        self._llm: Any = None
+        self._stats = SchedulerStatsCollector()
+        self._loras = LoraRegistry()
+        self._decode_options = DecodeOptions(lora_names=self._loras.names_by_id)
+        self._shadow = CacheShadow()
+        self._running: dict[str, _Running] = {}
+        self._ids = itertools.count(1)
+        self._awake = asyncio.Event()
+        self._awake.set()
+        self._kv_listener: KvListener | None = None
+        self._held: list[KvCacheEvent] | None = None  # events arriving during a resync
+        self._subscriber: KvEventSubscriber | None = None
+        self._workdir: Path | None = None
+        self._reset_task: asyncio.Task[None] | None = None
+        self._pending_prefill_tokens = 0
+        self._prompt_tokens_total = 0
+        self._cached_tokens_total = 0
+        self._controls: dict[str, ControlHandler] = {
+            "health": self._health,
+            "sleep": self._sleep,
+            "wake": self._wake,
+            "clear_kv": self._clear_kv,
+            "kv_resync": self._kv_resync,
+            "lora_load": self._lora_load,
+            "lora_unload": self._lora_unload,
+            "lora_list": self._lora_list,
+        }
+
+    @classmethod
+    def from_cli_defaults(cls, choice: Any) -> VllmEngine:
+        """What ``workers.main.build_engine`` calls today; ``choice.vllm`` must hold the
+        ``VllmEngineConfig`` (the worker CLI is to build it from its ``--vllm-*`` flags)."""
+        config = getattr(choice, "vllm", None)
+        if not isinstance(config, VllmEngineConfig):
+            raise ValueError("--engine vllm needs a VllmEngineConfig (EngineChoice.vllm)")
+        return cls(config)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, kv_listener: KvListener) -> None:
+        self._kv_listener = kv_listener
+        kv = None
+        if self.config.kv_events:
+            self._workdir = Path(tempfile.mkdtemp(prefix="jetfleet-vllm-"))
+            kv = self.config.kv_endpoints(self._workdir)
+            self._subscriber = KvEventSubscriber(
+                kv.connect_publish,
+                kv.connect_replay,
+                kv.topic,
+                self._decode,
+                self._on_vllm_events,
+                self._on_events_lost,
+                self.config.kv_replay_timeout_s,
+            )
+            await self._subscriber.start()  # before vLLM binds: no early event is missed
+        try:
+            started = self._backend.start_llm(self.config, kv, self._stats)
+        except BaseException:
+            await self.stop()
+            raise
+        self._llm = started.llm
+        self.num_gpu_blocks = started.num_gpu_blocks
+        log.info("vllm_started", model=self.config.model, num_gpu_blocks=self.num_gpu_blocks)
+
+    async def stop(self) -> None:
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        self._running.clear()
+        if self._reset_task is not None:
+            tasks.append(self._reset_task)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._subscriber is not None:
+            await self._subscriber.close()
+            self._subscriber = None
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request: EngineRequest, sink: OutputSink) -> None:
+        rid = request.request_id
+        if rid in self._running:  # a newer attempt replaces the running one
+            self.abort(rid)
+        try:
+            lora = self._lora_request(request.lora_name)
+            params = self._backend.sampling_params(sampling_kwargs(request))
+        except Exception as exc:  # vLLM validates sampling params: a bad request, not a crash
+            sink.on_output(EngineOutput(rid, (), True, "error", error=str(exc)))
+            return
+        run = _Running(rid, f"{rid}-{next(self._ids)}", sink, len(request.token_ids))
+        self._running[rid] = run
+        self._pending_prefill_tokens += run.num_prompt_tokens
+        prompt = self._backend.tokens_prompt(request.token_ids)
+        run.task = asyncio.create_task(self._generate(run, prompt, params, lora), name=run.vllm_id)
+
+    def _lora_request(self, name: str | None) -> Any:
+        if not name:
+            return None
+        loaded = self._loras.get(name)
+        if loaded is None:
+            raise ValueError(f"LoRA adapter {name!r} is not loaded on this worker")
+        return self._backend.lora_request(loaded.name, loaded.lora_id, loaded.path)
+
+    async def _generate(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
+        try:
+            await self._awake.wait()
+            if self._llm is None:
+                raise RuntimeError("vLLM engine is not running")
+            outputs = self._llm.generate(
+                prompt=prompt, sampling_params=params, request_id=run.vllm_id, lora_request=lora
+            )
+            async with contextlib.aclosing(outputs):  # closing it makes vLLM abort the request
+                async for out in outputs:
+                    if self._running.get(run.request_id) is not run:
+                        return  # aborted or replaced meanwhile
+                    if self._deliver(run, out):
+                        return
+            self._finish(run, "error", "vLLM ended the output stream before the request finished")
+        except asyncio.CancelledError:
+            if self._llm is not None:
+                with contextlib.suppress(Exception):
+                    await self._llm.abort(run.vllm_id)
+            raise
+        except Exception as exc:
+            log.warning("vllm_request_failed", request_id=run.request_id, error=repr(exc))
+            self._finish(run, "error", f"{type(exc).__name__}: {exc}")
+
+    def _deliver(self, run: _Running, out: Any) -> bool:
+        """One ``RequestOutput`` (delta) to the sink; True when it finished the request."""
+        completion = out.outputs[0] if out.outputs else None
+        tokens = tuple(completion.token_ids) if completion is not None else ()
+        cached = int(out.num_cached_tokens or 0)
+        if not run.started:
+            self._settle_prefill(run)
+            self._prompt_tokens_total += run.num_prompt_tokens
+            self._cached_tokens_total += cached
+        reason: str | None = None
+        error: str | None = None
+        if out.finished:
+            del self._running[run.request_id]
+            reason = finish_reason(completion.finish_reason if completion is not None else None)
+            if reason == "error":
+                error = "vLLM finished the request with an error"
+        run.sink.on_output(
+            EngineOutput(
+                run.request_id,
+                tokens,
+                finished=bool(out.finished),
+                finish_reason=reason,
+                num_prompt_tokens=run.num_prompt_tokens,
+                num_cached_tokens=cached,
+                error=error,
+            )
+        )
+        return bool(out.finished)
+
+    def _finish(self, run: _Running, reason: str, error: str | None = None) -> None:
+        if self._running.get(run.request_id) is not run:
+            return
+        del self._running[run.request_id]
+        self._settle_prefill(run)
+        run.sink.on_output(
+            EngineOutput(
+                run.request_id,
+                (),
+                True,
+                reason,
+                num_prompt_tokens=run.num_prompt_tokens,
+                error=error,
+            )
+        )
+
+    def _settle_prefill(self, run: _Running) -> None:
+        if not run.started:
+            run.started = True
+            self._pending_prefill_tokens -= run.num_prompt_tokens
+
+    def abort(self, request_id: str) -> bool:
+        run = self._running.pop(request_id, None)
+        if run is None:
+            return False
+        self._settle_prefill(run)
+        if run.task is not None:
+            run.task.cancel()
+        run.sink.on_output(
+            EngineOutput(request_id, (), True, "abort", num_prompt_tokens=run.num_prompt_tokens)
+        )
+        return True
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> EngineLoad:
+        s = self._stats.snapshot()
+        in_flight = len(self._running)
+        running = min(s.num_running, in_flight)
+        return EngineLoad(
+            num_running=running,
+            num_waiting=max(s.num_waiting if in_flight else 0, in_flight - running),
+            max_num_seqs=self.max_num_seqs,
+            kv_usage=s.kv_usage,
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=self.block_size,
+            active_decode_blocks=round(s.kv_usage * self.num_gpu_blocks),
+            active_prefill_tokens=self._pending_prefill_tokens,
+            num_preempted_total=s.num_preempted_total,
+            prompt_tokens_total=self._prompt_tokens_total,
+            cached_tokens_total=self._cached_tokens_total,
+            step_ms=s.step_ms if in_flight else 0.0,
+        )
+
+    # ------------------------------------------------------------------ kv events
+    def _decode(self, payload: bytes) -> DecodedBatch:
+        return decode_batch(payload, self._decode_options)
+
+    def _on_vllm_events(self, events: Sequence[KvCacheEvent]) -> None:
+        forward = self._shadow.apply(events)
+        if not forward or self._kv_listener is None:
+            return
+        if self._held is not None:
+            self._held.extend(forward)
+        else:
+            self._kv_listener(forward)
+
+    def _on_events_lost(self, reason: str) -> None:
+        log.warning("vllm_kv_events_lost", reason=reason)
+        if self.config.kv_reset_retry_s <= 0 or self._llm is None:
+            return
+        if self._reset_task is None or self._reset_task.done():
+            self._reset_task = asyncio.create_task(self._reset_after_loss(), name="vllm-kv-reset")
+
+    async def _reset_after_loss(self) -> None:
+        """Reset vLLM's prefix cache (it emits AllBlocksCleared), retrying while blocks are in
+        use. vLLM < 0.11 returns None from ``reset_prefix_cache``: taken as done."""
+        while self._llm is not None:
+            try:
+                done = await self._llm.reset_prefix_cache() is not False
+            except Exception as exc:
+                log.warning("vllm_prefix_cache_reset_failed", error=repr(exc))
+                done = False
+            if done:
+                log.info("vllm_prefix_cache_reset_after_loss")
+                return
+            await asyncio.sleep(self.config.kv_reset_retry_s)
+
+    # ------------------------------------------------------------------ control
+    async def control(self, op: str, args: dict[str, str]) -> ControlResult:
+        handler = self._controls.get(op)
+        if handler is None:
+            return ControlResult(False, f"unknown op {op!r}")
+        if self._llm is None:
+            return ControlResult(False, "vLLM engine is not running")
+        try:
+            return await handler(args)
+        except Exception as exc:
+            return ControlResult(False, f"{op} failed: {type(exc).__name__}: {exc}")
+
+    async def _health(self, args: dict[str, str]) -> ControlResult:
+        try:
+            await self._llm.check_health()
+        except Exception as exc:
+            return ControlResult(False, f"vLLM unhealthy: {type(exc).__name__}: {exc}")
+        data: dict[str, object] = {
+            "sleeping": not self._awake.is_set(),
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "cached_blocks": len(self._shadow),
+        }
+        sub = self._subscriber
+        if sub is not None:
+            st = sub.stats
+            data["kv_events"] = {
+                "batches": st.batches,
+                "gaps_filled": st.gaps_filled,
+                "losses": st.losses,
+                "orphans": self._shadow.orphans,
+            }
+            if not sub.running:
+                return ControlResult(False, "KV event subscriber stopped", data)
+        return ControlResult(True, "running", data)
+
+    async def _sleep(self, args: dict[str, str]) -> ControlResult:
+        if not self.config.enable_sleep_mode:
+            return ControlResult(False, "vLLM sleep mode is off for this worker")
+        level = int(args.get("level", "1"))
+        if level not in (1, 2):
+            return ControlResult(False, f"sleep level must be 1 or 2, not {level}")
+        if self._running:
+            return ControlResult(False, f"{len(self._running)} requests in flight; drain first")
+        self._awake.clear()
+        await self._llm.sleep(level)
+        return ControlResult(True, f"sleeping (level {level}); new requests wait for wake")
+
+    async def _wake(self, args: dict[str, str]) -> ControlResult:
+        if self._awake.is_set():
+            return ControlResult(True, "awake")
+        await self._llm.wake_up()
+        self._awake.set()
+        return ControlResult(True, "awake")
+
+    async def _clear_kv(self, args: dict[str, str]) -> ControlResult:
+        if await self._llm.reset_prefix_cache() is False:
+            return ControlResult(False, "blocks in use; drain first")
+        return ControlResult(True, "prefix cache reset")
+
+    async def _kv_resync(self, args: dict[str, str]) -> ControlResult:
+        """Republish the whole cache (from the shadow), one listener call per chunk so the
+        worker publishes each as its own batch; live events wait until the last chunk is out."""
+        if self._subscriber is None or self._kv_listener is None:
+            return ControlResult(False, "KV events are off for this worker")
+        chunks = list(self._shadow.snapshot_events(self.config.kv_resync_chunk_tokens))
+        self._held = []
+        try:
+            for chunk in chunks:
+                self._kv_listener(chunk)
+                await asyncio.sleep(0)
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._kv_listener(held)
+        return ControlResult(True, f"cache republished ({len(self._shadow)} blocks)")
+
+    async def _lora_load(self, args: dict[str, str]) -> ControlResult:
+        name, path = args.get("name", ""), args.get("path", "")
+        if not name or not path:
+            return ControlResult(False, "lora_load needs args name and path")
+        if not self.config.enable_lora:
+            return ControlResult(False, "LoRA is off for this worker")
+        if self._loras.get(name) is not None:
+            return ControlResult(True, f"adapter {name!r} already loaded")
+        lora = self._loras.add(name, path)
+        try:
+            ok = await self._llm.add_lora(self._backend.lora_request(name, lora.lora_id, path))
+        except Exception:
+            self._loras.remove(name)
+            raise
+        if not ok:
+            self._loras.remove(name)
+            return ControlResult(False, f"vLLM did not load adapter {name!r}")
+        return ControlResult(True, f"adapter {name!r} loaded", {"lora_id": lora.lora_id})
+
+    async def _lora_unload(self, args: dict[str, str]) -> ControlResult:
+        name = args.get("name", "")
+        lora = self._loras.get(name)
+        if lora is None:
+            return ControlResult(False, f"adapter {name!r} is not loaded")
+        ok = await self._llm.remove_lora(lora.lora_id)
+        self._loras.remove(name)
+        detail = f"adapter {name!r} unloaded" if ok else f"adapter {name!r} was not in vLLM"
+        return ControlResult(True, detail)
+
+    async def _lora_list(self, args: dict[str, str]) -> ControlResult:
+        in_vllm = set(await self._llm.list_loras())
+        names = [lora.name for lora in self._loras.loaded() if lora.lora_id in in_vllm]
+        return ControlResult(True, data={"loras": names})
