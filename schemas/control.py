@@ -7,13 +7,22 @@ from typing import Literal
 import msgspec
 
 ControlOp = Literal[
-    "health", "sleep", "wake", "clear_kv", "drain", "lora_load", "lora_unload", "lora_list"
+    "health",
+    "sleep",
+    "wake",
+    "clear_kv",
+    "kv_resync",
+    "drain",
+    "lora_load",
+    "lora_unload",
+    "lora_list",
 ]
 CONTROL_OPS: tuple[str, ...] = (
     "health",
     "sleep",
     "wake",
     "clear_kv",
+    "kv_resync",  # a KV indexer lost track of this worker: publish the whole cache again
     "drain",
     "lora_load",
     "lora_unload",

@@ -45,6 +45,7 @@ from schemas.streams import pool_consumer
 from workers.config import WorkerConfig
 from workers.detokenize import IncrementalDetokenizer
 from workers.engine import Engine, EngineRequest
+from workers.kv_batching import split_events
 from workers.metrics import WorkerMetrics
 from workers.registry import Registry
 from workers.request_state import ActiveRequest
@@ -301,17 +302,18 @@ class WorkerRuntime:
         events, self._kv_pending = self._kv_pending, []
         if not events:
             return
-        self._kv_event_id += 1
-        batch = KvEventBatch(
-            worker_id=self.cfg.worker_id,
-            model=self.cfg.model_name,
-            event_id=self._kv_event_id,
-            ts_s=time.time(),
-            events=tuple(events),
-        )
         subject = self.subjects.kv(self.cfg.model_name, self.cfg.worker_id)
-        task = asyncio.ensure_future(self.nc.publish(subject, encode(batch)))
-        task.add_done_callback(_log_task_error)
+        for group in split_events(events):  # each within a NATS message, in order
+            self._kv_event_id += 1
+            batch = KvEventBatch(
+                worker_id=self.cfg.worker_id,
+                model=self.cfg.model_name,
+                event_id=self._kv_event_id,
+                ts_s=time.time(),
+                events=tuple(group),
+            )
+            task = asyncio.ensure_future(self.nc.publish(subject, encode(batch)))
+            task.add_done_callback(_log_task_error)
 
     async def _in_progress_loop(self) -> None:
         """Keep long generations from being redelivered: touch every in-flight message."""

@@ -136,3 +136,39 @@ async def _indexed(fleet, worker_id: str, prompt: str) -> bool:
         return (await index.match(M, hashes)).get(worker_id, 0) == len(hashes)
     finally:
         await redis.aclose()
+
+
+async def test_kv_resync_republishes_a_workers_cache(kv_fleet):
+    from infra.jetstream import close_nats, connect_nats
+    from schemas import ControlReply, ControlRequest, KvEventBatch, Subjects, decode, encode
+    from schemas.kv_events import BlockStored
+
+    async with Observations(kv_fleet) as obs, httpx.AsyncClient(timeout=30) as client:
+        prompt = "resync me: " * 40  # 440 bytes = 27 full blocks
+        r = await client.post(
+            f"{kv_fleet.base_url}/v1/completions",
+            json={"model": M, "prompt": prompt, "max_tokens": 2},
+        )
+        assert r.status_code == 200, r.text
+        await wait_for(lambda: obs.items, timeout=10)
+    worker = obs.items[0].worker_id
+    s = Subjects(kv_fleet.prefix)
+    nc = await connect_nats(kv_fleet.nats_url, name="test-resync")
+    try:
+        batches: list[KvEventBatch] = []
+
+        async def on(msg) -> None:
+            batches.append(decode(msg.data, KvEventBatch))
+
+        await nc.subscribe(s.kv(M, worker), cb=on)
+        reply = decode(
+            (await nc.request(s.ctl(worker, "kv_resync"), encode(ControlRequest()), 5)).data,
+            ControlReply,
+        )
+        assert reply.ok, reply.detail
+        await wait_for(lambda: batches, timeout=5)
+    finally:
+        await close_nats(nc)
+    stored = [e for b in batches for e in b.events if isinstance(e, BlockStored)]
+    tokens = b"".join(bytes(t for t in e.token_ids) for e in stored)
+    assert prompt.encode()[: 27 * 16] in tokens
