@@ -105,14 +105,11 @@ def add_commands(
     engine_args(loc)
     loc.add_argument("--initial", action="append", default=[], metavar="ROLE=N")
     loc.add_argument("--log-dir", default=".jetfleet/logs")
-    try:
-        from planner.connectors.kubernetes import add_kubernetes_args
-    except ImportError:  # pragma: no cover - the module ships with the package
-        add_kubernetes_args = None
-    if add_kubernetes_args is not None:
-        k8s = csub.add_parser("kubernetes", help="set Deployment replicas via the Kubernetes API")
-        common(k8s)
-        add_kubernetes_args(k8s)
+    from planner.connectors.kubernetes import add_kubernetes_args
+
+    k8s = csub.add_parser("kubernetes", help="set Deployment replicas via the Kubernetes API")
+    common(k8s)
+    add_kubernetes_args(k8s)
 
     rp = sub.add_parser("replay", help="re-run recorded streams")
     rsub = rp.add_subparsers(dest="replay", required=True)
@@ -147,14 +144,11 @@ def add_commands(
     rrq.add_argument("--from", dest="from_", default="1h", help="15m (ago), epoch or ISO 8601")
     rrq.add_argument("--json", action="store_true")
 
-    try:
-        from planner.profile import add_profile_args
-    except ImportError:  # pragma: no cover
-        add_profile_args = None
-    if add_profile_args is not None:
-        pf = sub.add_parser("profile", help="measure a worker's capacity profile")
-        common(pf)
-        add_profile_args(pf)
+    from planner.profile import add_profile_args
+
+    pf = sub.add_parser("profile", help="measure a worker's capacity profile")
+    common(pf)
+    add_profile_args(pf)
 
 
 def _pairs(items: list[str]) -> dict[str, int]:

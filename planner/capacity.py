@@ -69,6 +69,7 @@ class CapacityProfile:
             self,
             prefill_tokens_per_s=self.prefill_tokens_per_s * factor,
             decode_tokens_per_s=self.decode_tokens_per_s * factor,
+            description=f"{self.description} (scaled x{factor:g})".strip(),
         )
 
     def to_dict(self) -> dict[str, float | str]:
