@@ -73,6 +73,70 @@ def _router_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _vllm_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("vLLM engine (--engine vllm; pip install 'jetfleet[vllm]')")
+    g.add_argument("--vllm-model", default=None, help="weights: HF id or dir (default --model)")
+    g.add_argument("--tensor-parallel-size", type=int, default=1)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--dtype", default="auto")
+    g.add_argument("--quantization", default=None)
+    g.add_argument("--enforce-eager", action="store_true")
+    g.add_argument("--enable-sleep-mode", action="store_true")
+    g.add_argument("--enable-lora", action="store_true")
+    g.add_argument("--max-loras", type=int, default=4)
+    g.add_argument("--max-lora-rank", type=int, default=16)
+    g.add_argument("--no-kv-events", action="store_true", help="no KV events (no kv routing)")
+    g.add_argument("--kv-events-endpoint", default="", help="PUB bind (default: ipc:// per worker)")
+    g.add_argument("--kv-replay-endpoint", default="")
+    g.add_argument("--kv-connector", default=None, help="disaggregation, e.g. NixlConnector")
+    g.add_argument(
+        "--kv-role", choices=["kv_both", "kv_producer", "kv_consumer"], default="kv_both"
+    )
+    g.add_argument(
+        "--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="any other AsyncEngineArgs field (value parsed as JSON when it is JSON)",
+    )  # fmt: skip
+
+
+def _vllm_config(args: argparse.Namespace, model_dir: Path) -> Any:
+    import json
+
+    from workers.engines.vllm.config import VllmEngineConfig
+
+    extra: dict[str, Any] = {}
+    for item in args.vllm_arg:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--vllm-arg expects KEY=VALUE, got {item!r}")
+        try:
+            extra[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            extra[key] = raw
+    return VllmEngineConfig(
+        model=args.vllm_model or str(model_dir),
+        block_size=args.block_size,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        dtype=args.dtype,
+        quantization=args.quantization,
+        enforce_eager=args.enforce_eager,
+        enable_sleep_mode=args.enable_sleep_mode,
+        enable_lora=args.enable_lora,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        kv_events=not args.no_kv_events,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_replay_endpoint=args.kv_replay_endpoint,
+        kv_connector=args.kv_connector,
+        kv_role=args.kv_role,
+        extra_engine_args=extra,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="jetfleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--worker-id", default=None)
     wk.add_argument("--metrics-port", type=int, default=0, help="/metrics and /health (0: off)")
     wk.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod (probes)")
+    _vllm_args(wk)
     wk.add_argument(
         "--flush-interval-ms",
         type=float,
@@ -304,7 +369,14 @@ def _worker(args: argparse.Namespace, subjects: Any) -> int:
         enable_prefix_caching=not args.no_prefix_caching,
         speedup=args.speedup,
     )
-    _run(run_worker(cfg, EngineChoice(args.engine, mocker), local))
+    vllm = _vllm_config(args, model_dir) if args.engine == "vllm" else None
+    from workers.engines.vllm.backend import VllmNotInstalledError
+
+    try:
+        _run(run_worker(cfg, EngineChoice(args.engine, mocker, vllm), local))
+    except VllmNotInstalledError as exc:
+        print(f"jetfleet worker: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -18,6 +18,7 @@ from workers.config import WorkerConfig
 from workers.engine import Engine
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.mocker.engine import MockerEngine
+from workers.engines.vllm.config import VllmEngineConfig
 from workers.metrics import WorkerMetrics
 from workers.registry import Registry
 from workers.runtime import WorkerRuntime
@@ -29,15 +30,18 @@ log = structlog.get_logger("jetfleet.worker")
 class EngineChoice:
     kind: str  # "mocker" | "vllm"
     mocker: MockerConfig
+    vllm: VllmEngineConfig | None = None  # from the --vllm-* flags (no vllm import needed)
 
 
 def build_engine(choice: EngineChoice, tokenizer: ModelTokenizer) -> Engine:
     if choice.kind == "mocker":
         return MockerEngine(choice.mocker, tokenizer.text_safe_token_ids())
     if choice.kind == "vllm":
-        from workers.engines.vllm.engine import VllmEngine  # optional extra, GPU only
+        from workers.engines.vllm.engine import VllmEngine  # vLLM itself: optional extra, GPU
 
-        return VllmEngine.from_cli_defaults(choice)  # type: ignore[attr-defined,no-any-return]
+        if choice.vllm is None:
+            raise ValueError("--engine vllm needs its settings (EngineChoice.vllm)")
+        return VllmEngine(choice.vllm)
     raise ValueError(f"unknown engine {choice.kind!r}")
 
 

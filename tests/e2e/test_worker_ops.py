@@ -23,3 +23,22 @@ def test_worker_serves_health_and_metrics(nats_server, tmp_path) -> None:
         assert "jetfleet_worker" in text
     finally:
         fleet.stop()
+
+
+def test_vllm_engine_without_vllm_fails_clearly() -> None:
+    import importlib.util
+    import subprocess
+
+    from infra.supervisor import cli_command
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    out = subprocess.run(
+        cli_command("worker", "--engine", "vllm", "--nats", "nats://127.0.0.1:1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "pip install 'jetfleet[vllm]'" in out.stderr
+    assert "Traceback" not in out.stderr
