@@ -9,15 +9,14 @@ import pytest
 
 from planner.capacity import CapacityProfile
 from planner.config import PlannerConfig
-from planner.profile import (
+from planner.profile import add_profile_args, config_from_args
+from planner.profile_fit import (
     PhaseCapacity,
     ProfileConfig,
     ProfileError,
     ProfileResult,
     RequestTiming,
     SweepPoint,
-    add_profile_args,
-    config_from_args,
     decode_point,
     geometric_steps,
     pick_capacity,
