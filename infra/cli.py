@@ -155,8 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--state-dir", default=".jetfleet", help="server data and process logs")
     up.add_argument(
         "--planner",
-        action="store_true",
-        help="autoscale: planner + local connector own the workers (--workers is the start)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="autoscale (default): planner + local connector own the workers, --workers is "
+        "the start; --no-planner: a fixed fleet of --workers",
     )
     from planner.settings import add_planner_args
 

@@ -1,5 +1,5 @@
-"""``jetfleet up --planner`` as a user runs it: embedded servers, an autoscaled fleet that answers,
-decisions that ``jetfleet replay planner --check`` reproduces, and a clean stop on SIGTERM."""
+"""``jetfleet up`` as a user runs it (autoscaled by default): embedded servers, a fleet that
+answers, decisions that ``jetfleet replay planner --check`` reproduces, a clean stop on SIGTERM."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
     port = free_port()
     out = tmp_path / "up.out"
     argv = cli_command(
-        "up", "--planner", "--workers", "1", "--speedup", "20", "--port", str(port),
+        "up", "--workers", "1", "--speedup", "20", "--port", str(port),
         "--nats-port", "0", "--redis-port", "0", "--state-dir", str(tmp_path / "state"),
         "--interval", "1",
     )  # fmt: skip
