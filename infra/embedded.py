@@ -202,8 +202,14 @@ class EmbeddedNats(_Server):
         monitor_port: int | None = None,
         max_memory_store: int | None = None,
         max_file_store: int | None = None,
+        extra_config: str = "",
     ) -> None:
         super().__init__(data_dir, port, host)
+        # e.g. the accounts and permissions of infra/deploy/nats-accounts.conf; with auth on,
+        # readiness is read from the monitoring endpoint (the raw probe has no credentials)
+        self.extra_config = extra_config
+        if extra_config and monitor_port is None:
+            monitor_port = 0
         self.max_payload = max_payload
         self.monitor_port = monitor_port  # None: no HTTP monitoring; 0: any free port
         # JetStream reserves each stream's max_bytes against these limits (server default: 75%
@@ -240,6 +246,8 @@ class EmbeddedNats(_Server):
             if self.monitor_port == 0:
                 self.monitor_port = free_port(self.host)
             lines.append(f"http: {json.dumps(f'{self.host}:{self.monitor_port}')}")
+        if self.extra_config:
+            lines.append(self.extra_config)
         return "\n".join(lines) + "\n"
 
     def _argv(self) -> list[str]:
@@ -250,7 +258,7 @@ class EmbeddedNats(_Server):
     def _wait_ready(self, deadline: float) -> None:
         if not self.port:
             self.port = self._wait_listen_port(deadline)
-        while not _jetstream_ready(self.host, self.port):
+        while not self.extra_config and not _jetstream_ready(self.host, self.port):
             self._check_alive()
             if time.monotonic() > deadline:
                 raise ServerStartError(f"nats-server JetStream not ready:\n{self.log_tail()}")

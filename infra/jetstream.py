@@ -14,6 +14,8 @@ nanoseconds), ``"file"``/``"memory"`` -> ``StorageType``.
 from __future__ import annotations
 
 import contextlib
+import os
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,9 +88,37 @@ def _nats_callbacks(name: str, client: list[NATS]) -> dict[str, Callable[..., Aw
     }
 
 
+def nats_security_options(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Credentials and TLS for every component, from the environment (so every command, and
+    every process ``jetfleet up`` or a connector starts, gets them without extra flags):
+
+    - ``JETFLEET_NATS_CREDS``: a ``.creds`` file (JWT + nkey seed, decentralized auth);
+    - ``JETFLEET_NATS_NKEY_SEED``: an nkey seed file;
+    - ``JETFLEET_NATS_TLS_CA`` (verify the server), ``JETFLEET_NATS_TLS_CERT`` and
+      ``JETFLEET_NATS_TLS_KEY`` (client certificate, mutual TLS).
+
+    User and password go in the URL (``nats://frontend:secret@host:4222``); ``tls://`` URLs
+    use the system's CAs unless ``JETFLEET_NATS_TLS_CA`` says otherwise.
+    """
+    env = dict(os.environ) if env is None else env
+    opts: dict[str, Any] = {}
+    if creds := env.get("JETFLEET_NATS_CREDS"):
+        opts["user_credentials"] = creds
+    if seed := env.get("JETFLEET_NATS_NKEY_SEED"):
+        opts["nkeys_seed"] = seed
+    ca, cert, key = (env.get(f"JETFLEET_NATS_TLS_{k}") for k in ("CA", "CERT", "KEY"))
+    if ca or cert:
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca or None)
+        if cert:
+            ctx.load_cert_chain(cert, key or None)
+        opts["tls"] = ctx
+    return opts
+
+
 async def connect_nats(url: str, name: str, **kw: Any) -> NATS:
     """Connect with endless reconnects (0.5 s apart) and structlog'd connection events.
 
+    Credentials and TLS come from the URL and the environment (``nats_security_options``).
     ``kw`` overrides any option of ``nats.connect`` (including the callbacks).
     """
     client: list[NATS] = []
@@ -101,6 +131,7 @@ async def connect_nats(url: str, name: str, **kw: Any) -> NATS:
         "max_outstanding_pings": 3,
         "pending_size": 64 << 20,  # reconnect buffer: what we publish while disconnected
         **_nats_callbacks(name, client),
+        **nats_security_options(),
         **kw,
     }
     nc = await nats.connect(url, **opts)
