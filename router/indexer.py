@@ -144,18 +144,39 @@ class Indexer:
 
     # ------------------------------------------------------------------ main loop
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+        """Lead (or stand by) until ``stop`` is set or this coroutine's task is cancelled.
+
+        The work runs in a child task awaited through ``asyncio.shield``, so a cancellation of
+        ``run`` is always delivered here, and the child is stopped twice over: cancelled, and by
+        ``halt``, which its loops check. A cancellation can be swallowed inside the child:
+        Python 3.11's ``asyncio.wait_for``, which redis-py wraps around every send, returns the
+        result instead of raising when the cancel lands just as the send completes. Relying on
+        the cancel alone left a killed indexer consuming (and ``await task`` hanging).
+        ``run`` returns once the child has stopped and released the leadership.
+        """
+        halt = asyncio.Event()
+        work = asyncio.create_task(self._run(stop, halt))
+        try:
+            await asyncio.shield(work)
+        finally:
+            if not work.done():  # run() was cancelled
+                halt.set()
+                work.cancel()
+                await asyncio.wait({work})
+
+    async def _run(self, stop: asyncio.Event, halt: asyncio.Event) -> None:
+        while not (stop.is_set() or halt.is_set()):
             if not await self.acquire():
                 self.metrics.leader.set(0)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.cfg.leader_ttl_ms / 2000)
+                    await asyncio.wait_for(_first(stop, halt), self.cfg.leader_ttl_ms / 2000)
                 continue
             self.metrics.leader.set(1)
             self.log.info("indexer_leading")
             lost = asyncio.Event()
             keeper = asyncio.create_task(self._keep_leadership(lost))
             try:
-                await self._consume(stop, lost)
+                await self._consume(stop, lost, halt)
             finally:
                 keeper.cancel()
                 self.metrics.leader.set(0)
@@ -197,7 +218,8 @@ class Indexer:
             except Exception as exc:  # the next interval retries; replay just gets longer
                 self.log.warning("indexer_snapshot_failed", error=str(exc))
 
-    async def _consume(self, stop: asyncio.Event, lost: asyncio.Event) -> None:
+    async def _consume(self, *stops: asyncio.Event) -> None:
+        """Apply the stream from the stored position until one of ``stops`` is set."""
         await self.restore_snapshot()
         start = await self.index.applied_seq() + 1
         self.applied = start - 1
@@ -216,8 +238,9 @@ class Indexer:
         )
         self.log.info("indexer_consuming", from_seq=start)
         lag_task = asyncio.create_task(self._lag_loop())
-        stopper = asyncio.create_task(_first(stop, lost))
+        stopper = asyncio.create_task(_first(*stops))
         commit: asyncio.Task[None] | None = None
+        getter: asyncio.Future[Any] | None = None
         try:
             while not stopper.done():
                 getter = asyncio.ensure_future(queue.get())
@@ -238,6 +261,8 @@ class Indexer:
         finally:
             if commit is not None and not commit.done():
                 commit.cancel()
+            if getter is not None:
+                getter.cancel()
             stopper.cancel()
             lag_task.cancel()
             with contextlib.suppress(Exception):
