@@ -4,18 +4,25 @@
   same Lua call as the change, so on start the indexer reads ``applied_seq`` and reads the stream
   from the next sequence with an ordered consumer (the fastest consumer nats-py has; no acks).
   A restart resumes exactly; a batch applied twice changes nothing.
-- **Pipelined.** Messages that have arrived are taken in groups (up to ``batch_max``) and applied
-  with one Redis round trip.
+- **Pipelined.** Messages that have arrived are taken in groups (up to ``batch_max``). A group is
+  written as soon as it is translated, as script calls carrying many batches each
+  (``redis_index.MAX_BLOCKS_PER_CALL`` block events), and its results are read only after the
+  next group was translated and written: Redis applies one group while Python translates the
+  next, without a gap between them (calls on one connection run in the order written).
+- **Decoded lazily.** Batches are decoded as ``WireKvBatch`` (token ids left encoded): engines
+  hashing like the fleet (the mocker) are only spot-checked, so their token ids are never
+  turned into Python ints; opaque engine hashes (vLLM) are recomputed from them (``translate``).
 - **One writer at a time.** Several indexers may run for availability: they compete for a Redis
   lock (``SET NX PX``, renewed every ``leader_ttl/3``); the standby takes over within the TTL and
   resumes from the stored position, so a worker's events are never applied out of order.
-- **Gaps heal.** A batch whose event id skips, or whose parent block is unknown, makes the indexer
-  drop that worker's entries and ask the worker (control op ``kv_resync``) to publish its whole
-  cache again as ``AllBlocksCleared`` + ``BlockStored``.
+- **Gaps heal.** A batch whose event id skips, whose parent block is unknown, or whose token ids
+  cannot be read makes the indexer drop that worker's entries and ask the worker (control op
+  ``kv_resync``) to publish its whole cache again as ``AllBlocksCleared`` + ``BlockStored``.
 - **Snapshots.** Every ``snapshot_every_s`` the leader writes the whole index (each worker's
   engine -> fleet mapping and event id, with the applied sequence) to the object store; an indexer
   that starts on an empty Redis restores it and replays only what came after, so FLEET_KV's
-  retention needs to cover just the time since the last snapshot.
+  retention needs to cover just the time since the last snapshot. (A snapshot has no block
+  parents, so restored workers are matched block by block until they clear their cache.)
 - **Departures.** A worker that leaves discovery has all its blocks dropped, and batches of it
   still in the stream are skipped (until it registers again).
 """
@@ -39,12 +46,11 @@ from infra.deadletter import dead_letter
 from infra.jetstream import close_nats, connect_nats, connect_redis, ensure_topology
 from router.discovery import Discovery
 from router.fleet_state import FleetState
-from router.kv.index import ApplyResult
 from router.kv.keys import LEADER_TTL_MS, KvKeys
-from router.kv.redis_index import RedisPrefixIndex
-from router.kv.translate import EventTranslator, IndexOp
-from schemas import ControlRequest, KvEventBatch, Subjects, WireDecodeError, decode, encode
-from schemas.kv_events import BlockRemoved, BlockStored, IndexSnapshot
+from router.kv.redis_index import AppliedLater, ApplyItem, RedisPrefixIndex
+from router.kv.translate import EventTranslator, IndexOp, WireBlockStored, WireKvBatch
+from schemas import ControlRequest, Subjects, WireDecodeError, decode, encode
+from schemas.kv_events import BlockRemoved, IndexSnapshot
 from schemas.streams import KV_SNAPSHOT_STORE
 
 log = structlog.get_logger("jetfleet.indexer")
@@ -73,9 +79,31 @@ class IndexerConfig:
 
 @dataclass
 class _Prepared:
-    items: list[tuple[str, str, int, int, list[IndexOp]]] = field(default_factory=list)
-    batches: list[KvEventBatch | None] = field(default_factory=list)
+    items: list[ApplyItem] = field(default_factory=list)
+    batches: list[WireKvBatch | None] = field(default_factory=list)  # None: nothing to count
     heals: list[tuple[str, str, str, int]] = field(default_factory=list)
+
+
+def _stream_seq(msg: Any) -> int:
+    """A JetStream message's stream sequence, read from its reply subject
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>``
+    (``msg.metadata`` also builds a datetime and two dataclasses per message); nats-py parses
+    any other form (with domain and account)."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5])
+    return int(msg.metadata.sequence.stream)
+
+
+def _count(batch: WireKvBatch, counts: dict[str, int]) -> None:
+    counts["batches"] += 1
+    for ev in batch.events:
+        if isinstance(ev, WireBlockStored):
+            counts["stored"] += len(ev.block_hashes)
+        elif isinstance(ev, BlockRemoved):
+            counts["removed"] += len(ev.block_hashes)
+        else:
+            counts["cleared"] += 1
 
 
 class IndexerMetrics:
@@ -206,17 +234,20 @@ class Indexer:
         self.log.info("indexer_snapshot_written", seq=snap.seq, workers=len(snap.workers))
         return snap.seq
 
-    async def _maybe_snapshot(self) -> None:
+    def _snapshot_due(self) -> bool:
         every = self.cfg.snapshot_every_s
-        if (
+        return bool(
             every
             and self.applied > self._snapshot_seq
-            and (time.monotonic() - self._snapshot_at >= every)
-        ):
-            try:
-                await self.snapshot()
-            except Exception as exc:  # the next interval retries; replay just gets longer
-                self.log.warning("indexer_snapshot_failed", error=str(exc))
+            and time.monotonic() - self._snapshot_at >= every
+        )
+
+    async def _snapshot_now(self) -> None:
+        try:
+            await self.snapshot()
+        except Exception as exc:  # the next interval retries; replay just gets longer
+            self._snapshot_at = time.monotonic()
+            self.log.warning("indexer_snapshot_failed", error=str(exc))
 
     async def _consume(self, *stops: asyncio.Event) -> None:
         """Apply the stream from the stored position until one of ``stops`` is set."""
@@ -239,28 +270,32 @@ class Indexer:
         self.log.info("indexer_consuming", from_seq=start)
         lag_task = asyncio.create_task(self._lag_loop())
         stopper = asyncio.create_task(_first(*stops))
-        commit: asyncio.Task[None] | None = None
+        flight: tuple[_Prepared, AppliedLater] | None = None
         getter: asyncio.Future[Any] | None = None
         try:
             while not stopper.done():
+                if flight is not None and queue.empty():  # nothing to overlap it with
+                    await self._finish(*flight)
+                    flight = None
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
-                    getter.cancel()
                     break
                 msgs = [getter.result()]
                 while len(msgs) < self.cfg.batch_max and not queue.empty():
                     msgs.append(queue.get_nowait())
-                prepared = await self._prepare(msgs)  # overlaps the previous group's commit
-                if commit is not None:
-                    await commit
-                    await self._maybe_snapshot()
-                commit = asyncio.create_task(self._commit(prepared))
-            if commit is not None:
-                await commit
+                prepared = await self._prepare(msgs)  # while Redis applies the previous group
+                started = await self.index.start_apply(prepared.items)
+                if flight is not None:
+                    await self._finish(*flight)
+                flight = (prepared, started)
+                if self._snapshot_due():  # a snapshot needs nothing in flight
+                    await self._finish(*flight)
+                    flight = None
+                    await self._snapshot_now()
+            if flight is not None:
+                await self._finish(*flight)
         finally:
-            if commit is not None and not commit.done():
-                commit.cancel()
             if getter is not None:
                 getter.cancel()
             stopper.cancel()
@@ -270,62 +305,64 @@ class Indexer:
 
     async def apply_messages(self, msgs: list[Any]) -> None:
         """Translate and apply a group of messages (serially; ``_consume`` overlaps the two)."""
-        await self._commit(await self._prepare(msgs))
+        prepared = await self._prepare(msgs)
+        await self._finish(prepared, await self.index.start_apply(prepared.items))
 
     async def _prepare(self, msgs: list[Any]) -> _Prepared:
         """Decode and translate (CPU only: no Redis writes, so it can overlap a commit)."""
         prep = _Prepared()
         for msg in msgs:
-            seq = msg.metadata.sequence.stream
+            seq = _stream_seq(msg)
             try:
-                batch = decode(msg.data, KvEventBatch)
+                batch = decode(msg.data, WireKvBatch)
             except WireDecodeError as exc:
                 self.metrics.dead.inc()
                 await dead_letter(self.nc, self.cfg.subjects, "indexer", msg, str(exc))
-                prep.items.append(("", "", 0, seq, []))
+                prep.items.append(("", "", 0, seq, ()))
                 prep.batches.append(None)
                 continue
             if batch.worker_id in self.departed:  # a late batch of a worker already dropped
-                prep.items.append(("", "", 0, seq, []))
+                prep.items.append(("", "", 0, seq, ()))
                 prep.batches.append(None)
                 continue
-            ops = await self._translate(batch)
-            prep.items.append((batch.model, batch.worker_id, batch.event_id, seq, ops or []))
-            prep.batches.append(batch if ops is not None else None)
-            if ops is None:
-                prep.heals.append((batch.model, batch.worker_id, "unknown parent block", seq))
+            ops, problem = await self._translate(batch)
+            prep.items.append((batch.model, batch.worker_id, batch.event_id, seq, ops))
+            prep.batches.append(None if problem else batch)
+            if problem:
+                prep.heals.append((batch.model, batch.worker_id, problem, seq))
         return prep
 
-    async def _commit(self, prep: _Prepared) -> None:
-        results = await self.index.apply_many(prep.items)
+    async def _finish(self, prep: _Prepared, started: AppliedLater) -> None:
+        """Read a group's results (in group order): heal, count, move ``applied``."""
+        results = await started.results()
         for model, worker_id, reason, seq in prep.heals:
             await self._heal(model, worker_id, reason, seq)
+        counts = dict.fromkeys(("batches", "stored", "removed", "cleared"), 0)
         for item, batch, res in zip(prep.items, prep.batches, results, strict=True):
-            self._count(batch, res)
-            if res.applied and res.gap and batch is not None:
-                await self._heal(batch.model, batch.worker_id, "event id gap", 0)
+            if batch is not None and res.applied:
+                _count(batch, counts)
+                if res.gap:
+                    await self._heal(batch.model, batch.worker_id, "event id gap", 0)
             self.applied = max(self.applied, item[3])
+        self.metrics.batches.inc(counts.pop("batches"))
+        for kind, n in counts.items():
+            if n:
+                self.metrics.blocks.labels(kind).inc(n)
         self.metrics.applied_seq.set(self.applied)
 
-    def _count(self, batch: KvEventBatch | None, res: ApplyResult) -> None:
-        if batch is None or not res.applied:
-            return
-        self.metrics.batches.inc()
-        for ev in batch.events:
-            if isinstance(ev, BlockStored):
-                self.metrics.blocks.labels("stored").inc(len(ev.block_hashes))
-            elif isinstance(ev, BlockRemoved):
-                self.metrics.blocks.labels("removed").inc(len(ev.block_hashes))
-            else:
-                self.metrics.blocks.labels("cleared").inc()
-
-    async def _translate(self, batch: KvEventBatch) -> list[IndexOp] | None:
+    async def _translate(self, batch: WireKvBatch) -> tuple[list[IndexOp], str]:
+        """The batch's ops, or no ops and why the worker must be healed instead."""
         wid = batch.worker_id
         self.worker_models[wid] = batch.model
         if not self.translator.knows(wid):  # cold cache (start, failover): refill from Redis
-            self.translator.preload(wid, await self.index.worker_mapping(batch.model, wid))
+            blocks = await self.index.worker_blocks(batch.model, wid)
+            self.translator.preload(wid, blocks.mapping, blocks.parents)
         tr = self.translator.translate(batch)
-        return None if tr.missing_parent else tr.ops
+        if tr.missing_parent:
+            return [], "unknown parent block"
+        if tr.unreadable_tokens:
+            return [], "unreadable token ids"
+        return tr.ops, ""
 
     async def _heal(self, model: str, worker_id: str, reason: str, seq: int) -> None:
         self.metrics.gaps.inc()

@@ -10,8 +10,9 @@ Blocks are kept per model: ``blocks[model][fleet_hash] = {worker ids}``. A match
 and keeps only the workers still matching, stopping when none are left.
 
 ``InMemoryPrefixIndex`` serves unit tests and one-process runs; ``RedisPrefixIndex`` (module
-``redis_index``) is the shared one. The contract suite in ``tests/unit/kv_contract.py`` runs
-unchanged against both.
+``redis_index``) is the shared one. The contract suite in ``tests/kv_contract.py`` runs
+unchanged against both (the Redis one also bisects the chains of workers whose cached blocks are
+prefix-closed, see ``shape``; this one always walks them, which is what the contract checks).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class InMemoryPrefixIndex:
             elif isinstance(op, ClearOp):
                 self._clear(model, worker_id)
                 mp = self._maps.setdefault(key, {})
+            # ShapeOp: this index always walks chains block by block
         self._event_ids[key] = max(event_id, last)
         if stream_seq:
             self._seq = stream_seq

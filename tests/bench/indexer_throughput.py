@@ -1,12 +1,17 @@
 """Indexer throughput: block events applied per second by one indexer process, from a backlog.
 
     python -m tests.bench.indexer_throughput [--events 1000000] [--workers 16] [--blocks 64]
+        [--engine-hashes opaque|fleet]
 
 Publishes a backlog of ``KvEventBatch``es on FLEET_KV (16 workers, 64-block stored runs with
 their token ids, and every fourth batch removing an earlier run), then starts one
 ``jetfleet indexer`` process on an empty Redis and times how long it takes until the position it
 stores in Redis reaches the last stream sequence. Prints block events/s, the catch-up time, and
 CPU seconds of the indexer and of redis-server.
+
+``--engine-hashes opaque`` (default): the engine's block hashes are random, as vLLM's are to us,
+so the indexer recomputes the fleet hashes from every token id. ``fleet``: the engine hashes with
+``schemas.hashing`` (as the mocker does), so the indexer only spot-checks each run.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from infra.logs import configure_logging
 from infra.supervisor import ProcessGroup, cli_command
 from router.kv.keys import KvKeys
 from schemas import KvEventBatch, Subjects, encode
+from schemas.hashing import block_hashes
 from schemas.kv_events import BlockRemoved, BlockStored
 from tests.bench.procstat import cpu_seconds
 
 
-def backlog(events: int, workers: int, blocks: int, block_size: int, seed: int = 0):
+def backlog(
+    events: int, workers: int, blocks: int, block_size: int, fleet: bool = False, seed: int = 0
+):
     """Yield (worker, batch) until ``events`` block events were produced."""
     rng = random.Random(seed)
     runs: dict[str, list[tuple[int, ...]]] = {f"w{i:02d}": [] for i in range(workers)}
@@ -48,6 +56,8 @@ def backlog(events: int, workers: int, blocks: int, block_size: int, seed: int =
         else:
             hashes = tuple(rng.getrandbits(63) for _ in range(blocks))
             toks = tuple(rng.randrange(50000) for _ in range(blocks * block_size))
+            if fleet:
+                hashes = tuple(block_hashes(toks, block_size))
             ev = BlockStored(hashes, None, toks, block_size)
             runs[w].append(hashes)
             produced += blocks
@@ -61,14 +71,20 @@ async def publish_backlog(
     js = nc.jetstream()
     await ensure_topology(js, subjects)
     total = 0
-    batches = backlog(args.events, args.workers, args.blocks, args.block_size)
+    fleet = args.engine_hashes == "fleet"
+    batches = backlog(args.events, args.workers, args.blocks, args.block_size, fleet)
+    count = 0
     for count, (w, batch) in enumerate(batches, 1):
         await nc.publish(subjects.kv("m", w), encode(batch))
         total += sum(len(getattr(e, "block_hashes", ())) for e in batch.events)
         if count % 2000 == 0:
             await nc.flush()
     await nc.flush()
+    # a flush does not mean stored: wait until the stream holds every message published
     info = await js.stream_info(subjects.stream_name("KV"))
+    while info.state.messages < count:
+        await asyncio.sleep(0.05)
+        info = await js.stream_info(subjects.stream_name("KV"))
     await close_nats(nc)
     return total, info.state.last_seq
 
@@ -95,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--engine-hashes", choices=["opaque", "fleet"], default="opaque")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args(argv)
     configure_logging("warning")
@@ -134,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 "block_events": events,
                 "messages": last,
                 "blocks_per_stored_event": args.blocks,
+                "engine_hashes": args.engine_hashes,
                 "catch_up_s": round(catch_up, 2),
                 "block_events_per_s": round(events / catch_up),
                 "indexer_cpu_s": round(cpu_seconds(child.proc.pid), 2),

@@ -4,22 +4,28 @@
 
 A private redis-server; ``--workers`` workers; a pool of 32 prompts sharing a 2048-token system
 prompt. Each worker caches the blocks of a few pool prompts (so several workers hold long
-prefixes of any query, as in a busy fleet). Then ``route`` is timed for pool prompts with a fresh
-suffix: match + score + pick + reserve in one EVALSHA, p50/p99 in ms, measured from Python (so
-the figures include the client round trip). Scenarios:
+prefixes of any query, as in a busy fleet), fed as ``BlockStored`` events through the indexer's
+``EventTranslator`` (engine hashes = fleet hashes, as the mocker's). Then ``route`` is timed for
+pool prompts with a fresh suffix: match + score + pick + reserve in one EVALSHA, p50/p99 in ms,
+measured from Python under uvloop as the frontend runs (so the figures include the client round
+trip), each reservation released after its call. Scenarios:
 - ``typical``: as above;
-- ``all_hold_all``: every worker holds every block of the query (the longest possible walk).
+- ``all_hold_all``: every worker holds every block of the query;
+- ``holes``: as ``typical``, but every worker then evicted one block in the middle of one of its
+  prompts while keeping the blocks after it, so no worker's cache is prefix-closed and every
+  match walks block by block (the slow path; see ``router/kv/shape.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import sys
 import tempfile
 import time
+
+import uvloop
 
 from infra.embedded import EmbeddedRedis
 from infra.jetstream import connect_redis
@@ -27,7 +33,9 @@ from infra.logs import configure_logging
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.routing import CandidateLoad, RouteCall
-from router.kv.translate import StoreOp, fleet_hashes_for_prompt
+from router.kv.translate import EventTranslator, fleet_hashes_for_prompt
+from schemas.hashing import block_hashes
+from schemas.kv_events import BlockRemoved, BlockStored, KvEventBatch
 from tests.bench.loadgen import percentile
 
 
@@ -38,14 +46,18 @@ async def populate(
     per_worker: int,
     rng: random.Random,
     everyone: bool,
+    holes: bool = False,
 ) -> None:
     for w in workers:
         chosen = prompts if everyone else rng.sample(prompts, per_worker)
-        ops = []
-        for p in chosen:
-            h = tuple(fleet_hashes_for_prompt(p, 16))
-            ops.append(StoreOp(w, h, h))
-        await index.apply("m", w, 1, 0, ops)
+        stored = [BlockStored(tuple(block_hashes(p, 16)), None, tuple(p), 16) for p in chosen]
+        translator = EventTranslator()
+        batches = [KvEventBatch(w, "m", 1, 0.0, tuple(stored))]
+        if holes:  # a middle block of the first prompt goes, its successors stay
+            middle = stored[0].block_hashes[len(stored[0].block_hashes) // 2]
+            batches.append(KvEventBatch(w, "m", 2, 0.0, (BlockRemoved((middle,)),)))
+        for b in batches:
+            await index.apply("m", w, b.event_id, 0, translator.translate(b).ops)
 
 
 async def time_routes(
@@ -101,9 +113,10 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         server.start()
         try:
             redis = await connect_redis(server.url)
-            for scenario, everyone in (("typical", False), ("all_hold_all", True)):
+            scenarios = (("typical", False, False), ("all_hold_all", True, False))
+            for scenario, everyone, holes in (*scenarios, ("holes", False, True)):
                 index = RedisPrefixIndex(redis, KvKeys(f"jf:bench{scenario}"))
-                await populate(index, workers, prompts, 4, rng, everyone)
+                await populate(index, workers, prompts, 4, rng, everyone, holes)
                 await time_routes(index, workers, prompts, 50, rng)  # warm up
                 out[scenario] = await time_routes(index, workers, prompts, args.calls, rng)
                 print(json.dumps({scenario: out[scenario]}), file=sys.stderr)
@@ -121,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=8192)
     ap.add_argument("--calls", type=int, default=2000)
     configure_logging("warning")  # stdout carries only the JSON
-    print(json.dumps(asyncio.run(run(ap.parse_args(argv))), indent=2))
+    print(json.dumps(uvloop.run(run(ap.parse_args(argv))), indent=2))
     return 0
 
 

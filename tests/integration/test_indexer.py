@@ -88,7 +88,7 @@ async def test_a_swallowed_hard_cancel_still_stops_the_indexer(nc, subjects, rig
     run = Running(rig())
     ix = run.indexer
     inside = asyncio.Event()
-    real = ix.index.worker_mapping
+    real = ix.index.worker_blocks
 
     async def swallowing(model: str, worker_id: str):
         if not inside.is_set():  # the first call swallows the kill, as wait_for does in that race
@@ -97,7 +97,7 @@ async def test_a_swallowed_hard_cancel_still_stops_the_indexer(nc, subjects, rig
                 await asyncio.sleep(30)
         return await real(model, worker_id)
 
-    monkeypatch.setattr(ix.index, "worker_mapping", swallowing)
+    monkeypatch.setattr(ix.index, "worker_blocks", swallowing)
     await publish_all(nc, subjects, mocker_event_batches(requests=5))
     await asyncio.wait_for(inside.wait(), 10)
     run.task.cancel()

@@ -1,0 +1,179 @@
+"""A lean pipelined Redis connection for the prefix index's script calls (the routing hot path).
+
+redis-py's asyncio client spends 150-200 µs of Python per command here (connection pool,
+timeouts, events, observability, pure-Python packing) where a loopback round trip takes ~30 µs,
+and the routing step is one script call per request. ``RespPipe`` keeps one connection and
+pipelines on it: each call is packed by hiredis and written at once, and the replies, which Redis
+sends in request order, resolve the waiting futures in that order (parsed by hiredis). Concurrent
+callers share the connection without waiting for each other; a cancelled caller's reply is read
+and dropped, so the order never slips. Measured: a GET 46 µs p50 instead of 200 µs (uvloop).
+
+Supported: plain TCP or unix-socket connections with an optional username/password and db —
+what ``infra.jetstream.connect_redis`` builds from ``redis://`` and ``unix://`` URLs. For any other
+client (TLS, Sentinel, a custom connection class) ``for_client`` returns None and callers keep
+using redis-py.
+
+Errors: a refused or lost connection raises ``redis.exceptions.ConnectionError`` for every call in
+flight (what callers of redis-py already handle) and the next call connects again; error replies
+raise ``ResponseError`` (``NoScriptError`` for NOSCRIPT). No read timeout, as with the redis-py
+clients this project builds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import hiredis
+from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+
+Arg = str | bytes | int | float
+
+CONNECT_TIMEOUT_S = 5.0
+
+# hiredis' stub types the argument as a 1-tuple; it takes a tuple of any length
+_pack = cast(Callable[[tuple[Arg, ...]], bytes], hiredis.pack_command)
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader()
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.lost: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            fut = self.waiting.popleft()
+            if fut.done():  # its caller was cancelled
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                msg = str(reply)
+                fut.set_exception(
+                    (NoScriptError if msg.startswith("NOSCRIPT") else ResponseError)(msg)
+                )
+            else:
+                fut.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = RedisConnectionError(f"Redis connection lost: {exc or 'closed'}")
+        while self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_exception(self.lost)
+
+    def send(self, payload: bytes, n: int) -> list[asyncio.Future[Any]]:
+        if self.lost is not None or self.transport is None:
+            raise self.lost or RedisConnectionError("Redis connection closed")
+        loop = asyncio.get_running_loop()
+        futs = [loop.create_future() for _ in range(n)]
+        for f in futs:  # an error nobody awaits any more (caller cancelled) is not "unretrieved"
+            f.add_done_callback(_retrieve)
+        self.transport.write(payload)
+        self.waiting.extend(futs)
+        return futs
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class RespPipe:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 6379,
+        path: str | None = None,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        self.host, self.port, self.path = host, port, path
+        self.db, self.username, self.password = db, username, password
+        self._proto: _Protocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    @classmethod
+    def for_client(cls, redis: Any) -> RespPipe | None:
+        """A pipe to the server of a redis-py asyncio client, or None if it is not a plain
+        TCP / unix-socket one."""
+        pool = getattr(redis, "connection_pool", None)
+        if pool is None or pool.connection_class not in (Connection, UnixDomainSocketConnection):
+            return None
+        kw = pool.connection_kwargs
+        return cls(
+            host=kw.get("host", "127.0.0.1"),
+            port=int(kw.get("port", 6379)),
+            path=kw.get("path") if pool.connection_class is UnixDomainSocketConnection else None,
+            db=int(kw.get("db", 0) or 0),
+            username=kw.get("username"),
+            password=kw.get("password"),
+        )
+
+    async def _connected(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        proto = self._proto
+        if proto is not None and proto.lost is None and self._loop is loop:
+            return proto
+        if self._connecting is None or self._loop is not loop:
+            self._connecting, self._loop, self._proto = asyncio.Lock(), loop, None
+        async with self._connecting:
+            if self._proto is not None and self._proto.lost is None:
+                return self._proto
+            self._proto = await self._connect(loop)
+            return self._proto
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        try:
+            if self.path:
+                conn = loop.create_unix_connection(_Protocol, self.path)
+            else:
+                conn = loop.create_connection(_Protocol, self.host, self.port)
+            _, proto = await asyncio.wait_for(conn, CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            raise RedisConnectionError(f"Redis unreachable: {exc}") from exc
+        setup: list[tuple[Arg, ...]] = []
+        if self.password:
+            auth: tuple[Arg, ...] = (
+                (self.username, self.password) if self.username else (self.password,)
+            )
+            setup.append(("AUTH", *auth))
+        if self.db:
+            setup.append(("SELECT", self.db))
+        if setup:
+            payload = b"".join(_pack(c) for c in setup)
+            await asyncio.gather(*proto.send(payload, len(setup)))
+        return proto
+
+    async def call(self, *args: Arg) -> Any:
+        proto = self._proto if self._proto is not None and self._proto.lost is None else None
+        if proto is None or self._loop is not asyncio.get_running_loop():
+            proto = await self._connected()
+        (fut,) = proto.send(_pack(args), 1)
+        return await fut
+
+    async def send_many(self, commands: Sequence[Sequence[Arg]]) -> list[asyncio.Future[Any]]:
+        """Write every command now, in one write; the futures of their replies, in order. Commands
+        sent later on this pipe are executed after these."""
+        proto = await self._connected()
+        payload = b"".join(_pack(tuple(c)) for c in commands)
+        return proto.send(payload, len(commands))
+
+    async def call_many(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Send every command in one write; their replies in order (the first error raises)."""
+        return [await f for f in await self.send_many(commands)]
+
+    def close(self) -> None:
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.close()
+        self._proto = None
