@@ -1,8 +1,10 @@
 """The mocker engine: the pure scheduler driven in simulated time by one asyncio task.
 
-Each iteration runs ``Scheduler.step()``, hands the outputs to the request sinks, pushes the block
-pool's KV events to the listener, then sleeps until the step's simulated duration
-(``simulated_ms / speedup``) has passed since the step began. Deadlines are kept on an absolute
+Each iteration runs ``Scheduler.step()``, sleeps until the step's simulated duration
+(``simulated_ms / speedup``) has passed since the step began, then hands the outputs to the
+request sinks and pushes the block pool's KV events to the listener: as on a GPU, a step's tokens
+and cached blocks exist when its forward pass ends (so a request's TTFT includes its own prefill,
+and NVIDIA Dynamo's mocker publishes outputs at pass end too). Deadlines are kept on an absolute
 clock so rounding of short sleeps does not accumulate. With a very high speedup the loop yields
 to the event loop once per step and the fleet's own overhead is what remains.
 """
@@ -184,11 +186,12 @@ class MockerEngine:
                 self._fail_all("engine step failed")
                 continue
             self._last_step_ms = result.simulated_ms
-            self._dispatch(result.outputs)
-            self._flush_kv_events()
+            # The step's results exist when its forward pass ends, as on a GPU: sleep first.
             next_at = max(next_at + result.simulated_ms / 1000.0 / speedup, clock() - 0.05)
             delay = next_at - clock()
             await asyncio.sleep(delay if delay > 0 else 0)
+            self._dispatch(result.outputs)
+            self._flush_kv_events()
 
     def _fail_all(self, reason: str) -> None:
         for rid in list(self._sinks):
