@@ -59,6 +59,12 @@ def _router_args(p: argparse.ArgumentParser) -> None:
         help="kv router: weight of blocks to prefill against decode load (default 8)",
     )
     p.add_argument(
+        "--kv-prefill-overhead",
+        type=int,
+        default=None,
+        help="kv router: what one prefill costs beyond its tokens, in blocks (default 4)",
+    )
+    p.add_argument(
         "--kv-temperature",
         type=float,
         default=None,
@@ -312,7 +318,11 @@ def _redis_for(args: argparse.Namespace) -> str | None:
 def _kv_config(args: argparse.Namespace) -> Any:
     from router.kv.router import KvRouterConfig
 
-    given = {"prefill_weight": args.kv_prefill_weight, "temperature": args.kv_temperature}
+    given = {
+        "prefill_weight": args.kv_prefill_weight,
+        "prefill_overhead_blocks": args.kv_prefill_overhead,
+        "temperature": args.kv_temperature,
+    }
     return KvRouterConfig(**{k: v for k, v in given.items() if v is not None})
 
 

@@ -148,6 +148,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             "stall_timeout",
             "max_waiting_per_worker",
             "kv_prefill_weight",
+            "kv_prefill_overhead",
             "kv_temperature",
         ]
         routing = [*_passthrough(args, routing_flags), "--redis", redis.url]

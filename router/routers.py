@@ -27,3 +27,9 @@ def build_router(
         return ApproxKvRouter(kv, seed)
     policy = make_policy(name, seed)
     return None if policy is None else LocalRouter(policy)
+
+
+async def warm_router(router: Router | None) -> None:
+    """Open connections and load scripts before the first request (a no-op for local policies)."""
+    if isinstance(router, KvRouter):
+        await router.warm()

@@ -31,7 +31,7 @@ from router.client import ClientConfig, FleetClient, Generation, NoWorkersError,
 from router.discovery import Discovery
 from router.fleet_state import FleetState
 from router.kv.router import KvRouterConfig
-from router.routers import build_router
+from router.routers import build_router, warm_router
 from schemas import (
     Request,
     RequestObservation,
@@ -143,9 +143,9 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
     await ensure_topology(nc.jetstream(), cfg.subjects)
     redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
     state = FleetState()
-    client = FleetClient(
-        nc, cfg.subjects, state, build_router(cfg.router, cfg.subjects, redis, cfg.kv), cfg.client
-    )
+    router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
+    await warm_router(router)
+    client = FleetClient(nc, cfg.subjects, state, router, cfg.client)
     discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
     await discovery.start()
     client.start()

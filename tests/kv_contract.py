@@ -141,6 +141,30 @@ class IndexContract:
         await index.release("r1", prefill_only=True)
         assert await index.reserved(M, "b") == (0, 4)
 
+    async def test_prefill_overhead_counts_each_queued_prefill(self, index):
+        """A second cache hit queued behind a first one on ``a`` loses to a miss on an idle
+        ``b`` once each prefill costs a fixed overhead; without it the hit keeps winning."""
+        f = Feeder(index)
+        await f.store("a", tokens(32))  # 8 blocks
+        h = tuple(block_hashes(tokens(32), BS))
+        cands = (CandidateLoad("a"), CandidateLoad("b"))
+
+        async def route(rid: str, ovh: int) -> tuple[str, tuple[float, ...]]:
+            out = await index.route(RouteCall(M, rid, h, 9, cands, 2.0, ovh, now_ms=1))
+            return out.winner, out.costs
+
+        # a: 2*(max(0+9-8, 0) + 6) + 0 + 9; b: 2*(9 + 6) + 0 + 9
+        assert await route("r1", 6) == ("a", (23.0, 39.0))
+        assert await index.reserved(M, "a") == (1 + 6, 9)  # the overhead is reserved too
+        # a: 2*(max(7+9-8, 0) + 6) + 9 + 9
+        assert await route("r2", 6) == ("b", (46.0, 39.0))
+        await index.release("r1", prefill_only=True)
+        assert await index.reserved(M, "a") == (0, 9)
+        for rid in ("r1", "r2"):
+            await index.release(rid)
+        assert await route("r3", 0) == ("a", (11.0, 27.0))
+        assert await route("r4", 0) == ("a", (22.0, 27.0))
+
     async def test_reservations_expire(self, index):
         h = tuple(block_hashes(tokens(8), BS))
         cands = (CandidateLoad("a"),)

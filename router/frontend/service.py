@@ -17,7 +17,7 @@ from router.fleet_state import FleetState
 from router.frontend.app import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
 from router.kv.router import KvRouterConfig
-from router.routers import build_router
+from router.routers import build_router, warm_router
 from schemas import Subjects
 
 log = structlog.get_logger("jetfleet.frontend")
@@ -55,6 +55,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
     state = FleetState()
     router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
+    await warm_router(router)
     client = FleetClient(nc, cfg.subjects, state, router, cfg.client)
     discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
     await discovery.start()

@@ -163,9 +163,8 @@ class InMemoryPrefixIndex:
             ad = max(d, c.reported_decode_blocks)
             ov = max(overlap.get(c.worker_id, 0), c.hint_overlap_blocks)
             overlaps.append(ov)
-            costs.append(
-                call.prefill_weight * max(ap + call.new_blocks - ov, 0) + ad + call.new_blocks
-            )
+            need = max(ap + call.new_blocks - ov, 0) + call.prefill_overhead_blocks
+            costs.append(call.prefill_weight * need + ad + call.new_blocks)
             loads.append(ap + ad)
         i = pick(costs, call.temperature, call.rand)
         winner = call.candidates[i].worker_id
@@ -174,7 +173,7 @@ class InMemoryPrefixIndex:
             res = _Reservation(
                 call.model,
                 winner,
-                max(call.new_blocks - overlaps[i], 0),
+                max(call.new_blocks - overlaps[i], 0) + call.prefill_overhead_blocks,
                 call.new_blocks,
                 call.now_ms + call.ttl_ms,
             )

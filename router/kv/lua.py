@@ -452,8 +452,9 @@ return out
 
 # One atomic routing step: expire old reservations, match, score every candidate, pick, reserve.
 # ARGV: ns, model, request_id, now_ms, ttl_ms, prefill_weight, temperature, rand01, new_blocks,
-#       candidates, hash_blob. candidates: msgpack [[worker ids], [reported prefill blocks],
-#       [reported decode blocks], [hint overlap blocks]] (columns, in candidate order).
+#       candidates, hash_blob, prefill_overhead_blocks. candidates: msgpack [[worker ids],
+#       [reported prefill blocks], [reported decode blocks], [hint overlap blocks]] (columns,
+#       in candidate order).
 # Returns msgpack [winner_index (1-based), [overlap], [cost], [load]] (per candidate): numbers
 # keep their fractions and the reply is one string (cheap to return, cheap to decode).
 ROUTE = (
@@ -462,7 +463,7 @@ ROUTE = (
 local ns, model, rid = ARGV[1], ARGV[2], ARGV[3]
 local now, ttl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local pw, temp, rnd = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local new_blocks, blob = tonumber(ARGV[9]), ARGV[11]
+local new_blocks, blob, ovh = tonumber(ARGV[9]), ARGV[11], tonumber(ARGV[12])
 expire_reservations(ns, now)
 local cand = cmsgpack.unpack(ARGV[10])
 local workers, rep_p, rep_d, hint = cand[1], cand[2], cand[3], cand[4]
@@ -491,6 +492,7 @@ for c = 1, n_cand do
   if r > ad then ad = r end
   local need = ap + new_blocks - ov
   if need < 0 then need = 0 end
+  need = need + ovh
   local cost = pw * need + ad + new_blocks
   costs[c] = cost
   loads[c] = ap + ad
@@ -515,7 +517,7 @@ else
   winner = ties[math.min(#ties, math.floor(rnd * #ties) + 1)]
 end
 local w = workers[winner]
-local p = math.max(new_blocks - overlap[winner], 0)
+local p = math.max(new_blocks - overlap[winner], 0) + ovh
 local d = new_blocks
 if rid ~= '' then
   release(ns, rid)

@@ -15,10 +15,13 @@ request ends, and a reservation whose router died expires after ``reservation_tt
 
 Settings: ``prefill_weight`` (default 8: a block that must be prefilled costs 8 times a block
 held for decode; a cache miss costs a whole prefill and evicts other prefixes, an extra request
-in a decode batch costs little), ``temperature`` (default 8 blocks: near-equal candidates share
-the load, clear winners keep it; 0 = always the lowest cost), ``reservation_ttl_s`` (default 120),
-``hint_ttl_s`` (default 5). Measured on the routing-quality benchmark (tests/bench/README.md):
-weight 1 served 58% of prompt tokens from cache, 2: 66%, 4: 77%, 8: 82%.
+in a decode batch costs little), ``prefill_overhead_blocks`` (default 4: what each queued prefill
+costs beyond its tokens; see ``routing``), ``temperature`` (default 8 blocks: near-equal
+candidates share the load, clear winners keep it; 0 = always the lowest cost),
+``reservation_ttl_s`` (default 120), ``hint_ttl_s`` (default 5). The defaults come from a sweep in
+simulated time (``tests/bench/routing_sim.py --sweep``) confirmed live on the routing-quality
+benchmark (tests/bench/README.md): 81% of prompt tokens from cache, TTFT p50 57 ms against
+round-robin's 66 ms.
 
 ``approx`` — for fleets whose engines publish no KV events: the same cost, but the overlap comes
 from an in-process index of where this router sent each prefix in the last ``approx_ttl_s``
@@ -44,6 +47,7 @@ from schemas import RouteCandidate, RouteDecision
 @dataclass(frozen=True)
 class KvRouterConfig:
     prefill_weight: float = 8.0
+    prefill_overhead_blocks: int = 4
     temperature: float = 8.0
     reservation_ttl_s: float = 120.0
     approx_ttl_s: float = 120.0
@@ -100,13 +104,20 @@ class KvRouter:
         self._rng = random.Random(seed)
         self._recent = RecentRoutes(self.cfg.hint_ttl_s)
 
+    async def warm(self) -> None:
+        """Get the index ready for the first request (scripts loaded, connection open)."""
+        warm = getattr(self.index, "warm", None)
+        if warm is not None:
+            await warm()
+
     def _candidate(self, v: WorkerView, block_size: int, now: float, hint: int) -> CandidateLoad:
         load = v.load
         if load is None or now - v.load_at > self.cfg.load_report_max_age_s:
             return CandidateLoad(v.worker_id, hint_overlap_blocks=hint)
         return CandidateLoad(
             v.worker_id,
-            reported_prefill_blocks=load.active_prefill_tokens / block_size,
+            reported_prefill_blocks=load.active_prefill_tokens / block_size
+            + self.cfg.prefill_overhead_blocks * load.num_waiting,
             reported_decode_blocks=float(load.active_decode_blocks),
             hint_overlap_blocks=hint,
         )
@@ -126,6 +137,7 @@ class KvRouter:
                 self._candidate(v, block_size, now, hints.get(v.worker_id, 0)) for v in candidates
             ),
             prefill_weight=self.cfg.prefill_weight,
+            prefill_overhead_blocks=self.cfg.prefill_overhead_blocks,
             temperature=self.cfg.temperature,
             rand=self._rng.random(),
             now_ms=int(time.time() * 1000),

@@ -4,13 +4,19 @@
 lowest (ties broken with the caller's random number; with a temperature, sample a softmax over
 ``-cost / temperature``), and reserve the winner's predicted load — atomically.
 
-    cost = prefill_weight * max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
+    cost = prefill_weight * (max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
+                             + prefill_overhead_blocks)
            + active_decode_blocks + new_blocks
 
 ``overlap_blocks`` is the larger of what the index holds and the caller's hint (blocks it routed
 to that worker moments ago, whose KV events may not be indexed yet). ``active_*`` is the larger
 of the reservations every router holds on the worker and the worker's own latest load report.
-The reservation (prefill: new - overlap blocks, decode: new blocks) is released when the
+``prefill_overhead_blocks`` is what one prefill costs beyond its tokens, in blocks (an engine
+step pays a fixed cost per prefilling sequence: the mocker's 16.5 ms is about 17 blocks of 64
+tokens). It enters ``active_prefill_blocks`` once per request still to prefill, so two cache hits
+queued on a worker weigh more than one; for the new request it is the same on every candidate.
+The reservation (prefill: new - overlap blocks + the overhead, decode: new blocks) is released
+when the
 request ends (its prefill part at the first token), and expires by itself
 after ``ttl_ms`` if the router that made it dies.
 """
@@ -36,6 +42,7 @@ class RouteCall:
     new_blocks: int  # blocks the prompt occupies (ceil(tokens / block_size))
     candidates: tuple[CandidateLoad, ...]
     prefill_weight: float = 1.0
+    prefill_overhead_blocks: int = 0  # per request still to prefill (see above)
     temperature: float = 0.0
     rand: float = 0.0  # uniform in [0, 1): tie-break / sampling draw, from the caller
     now_ms: int = 0
