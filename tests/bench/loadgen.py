@@ -7,6 +7,7 @@ spends is taken from the fleet. One connection per concurrency slot, reused for 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import string
@@ -23,6 +24,7 @@ class RequestResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str = ""
+    start_index: int = -1  # order in which the request was sent (0 = first)
 
     @property
     def itl_s(self) -> float:
@@ -137,6 +139,7 @@ async def run_level(
     for p in prompts:
         queue.put_nowait(p)
     level = LevelResult(concurrency)
+    sent = itertools.count()
 
     async def slot() -> None:
         conn = Connection(host, int(port))
@@ -151,12 +154,15 @@ async def run_level(
                     "stream": True,
                     "stream_options": {"include_usage": True},
                 }
+                index = next(sent)
                 try:
-                    level.results.append(await conn.stream_completion("/v1/completions", body))
+                    res = await conn.stream_completion("/v1/completions", body)
                 except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-                    level.results.append(RequestResult(False, error=repr(exc)))
-                    conn.close()
+                    res = RequestResult(False, error=repr(exc))
+                    conn.close()  # the connection's state is unknown: start a new one
                     conn = Connection(host, int(port))
+                res.start_index = index
+                level.results.append(res)
         finally:
             conn.close()
 

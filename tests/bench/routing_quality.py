@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import string
 import sys
 
@@ -46,6 +47,8 @@ def run_policy(policy: str, prompts: list[str], args: argparse.Namespace) -> dic
     extra = (
         "--kv-prefill-weight",
         str(args.kv_prefill_weight),
+        "--kv-prefill-overhead",
+        str(args.kv_prefill_overhead),
         "--kv-temperature",
         str(args.kv_temperature),
     )
@@ -67,16 +70,28 @@ def run_policy(policy: str, prompts: list[str], args: argparse.Namespace) -> dic
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)
     ttft = [r.ttft_s * 1000 for r in ok]
+    # after the cold burst: the first `concurrency` requests all miss on idle workers at once
+    warm = [r.ttft_s * 1000 for r in ok if r.start_index >= args.concurrency]
     return {
         "policy": policy,
         "kv_prefill_weight": args.kv_prefill_weight if policy == "kv" else None,
+        "kv_prefill_overhead": args.kv_prefill_overhead if policy == "kv" else None,
+        "kv_temperature": args.kv_temperature if policy == "kv" else None,
         "requests": len(level.results),
         "errors": len(level.results) - len(ok),
         "cached_share": round(cached / prompt, 4) if prompt else 0.0,
         "ttft_ms_p50": round(percentile(ttft, 50), 1),
+        "ttft_ms_p90": round(percentile(ttft, 90), 1),
         "ttft_ms_p99": round(percentile(ttft, 99), 1),
+        "warm_ttft_ms_p99": round(percentile(warm, 99), 1),
         "total_s": round(level.wall_s, 2),
     }
+
+
+def medians(rows: list[dict[str, object]]) -> dict[str, float]:
+    keys = ("cached_share", "ttft_ms_p50", "ttft_ms_p90", "ttft_ms_p99", "warm_ttft_ms_p99")
+    keys += ("total_s", "errors")
+    return {k: statistics.median(float(r[k]) for r in rows) for k in keys}  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,15 +110,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--speedup", type=float, default=1.0)
     ap.add_argument("--kv-prefill-weight", type=float, default=8.0)
+    ap.add_argument("--kv-prefill-overhead", type=int, default=4)
     ap.add_argument("--kv-temperature", type=float, default=8.0)
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds, policies interleaved; the summary gives each figure's median per policy",
+    )
+    ap.add_argument("--workload-seed", type=int, default=0)
     args = ap.parse_args(argv)
     configure_logging("warning")
-    prompts = workload(args.requests, args.prefixes, args.prefix_tokens, args.unique_tokens, 0)
+    prompts = workload(
+        args.requests, args.prefixes, args.prefix_tokens, args.unique_tokens, args.workload_seed
+    )
+    policies = args.policies.split(",")
     rows = []
-    for policy in args.policies.split(","):
-        row = run_policy(policy, prompts, args)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-        rows.append(row)
+    for _ in range(args.repeat):
+        for policy in policies:
+            row = run_policy(policy, prompts, args)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
     print(
         json.dumps(
             {
@@ -113,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                 "block_size": args.block_size,
                 "prefixes": args.prefixes,
                 "concurrency": args.concurrency,
+                "repeat": args.repeat,
+                "medians": {p: medians([r for r in rows if r["policy"] == p]) for p in policies},
                 "results": rows,
             },
             indent=2,

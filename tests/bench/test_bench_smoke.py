@@ -53,6 +53,17 @@ def test_routing_quality_bench():
     by_policy = {r["policy"]: r for r in d["results"]}
     assert by_policy["kv"]["errors"] == 0 and by_policy["round-robin"]["errors"] == 0
     assert by_policy["kv"]["cached_share"] > 0
+    assert set(d["medians"]) == {"kv", "round-robin"}
+    assert by_policy["kv"]["warm_ttft_ms_p99"] > 0
+
+
+def test_routing_sim_bench():
+    d = run_bench("routing_sim", "--seeds", "1")
+    by_policy = {r["policy"]: r for r in d["results"]}
+    # the full workload in simulated time: affinity must show, and the default settings hold
+    # the documented bar (>= 80% from cache, p50 below round-robin's)
+    assert by_policy["kv"]["cached_share"] >= 0.8 > by_policy["round-robin"]["cached_share"]
+    assert by_policy["kv"]["ttft_ms_p50"] < by_policy["round-robin"]["ttft_ms_p50"]
 
 
 def test_match_latency_bench():
