@@ -43,7 +43,8 @@ async def test_frontends_see_each_others_reservations(two_frontends):
     d2 = await rb.route(RouteQuery("m", prompt, "req-2"), st.candidates("m"))
     assert d2.worker_id != d1.worker_id
     loads = {c.worker_id: c.load for c in d2.candidates}
-    assert loads[d1.worker_id] == 20.0  # 10 prefill + 10 decode blocks reserved by A
+    ovh = ra.cfg.prefill_overhead_blocks
+    assert loads[d1.worker_id] == 20.0 + ovh  # 10 prefill (+ overhead) + 10 decode blocks, by A
     await ra.finished("req-1")
     d3 = await rb.route(RouteQuery("m", prompt, "req-3"), st.candidates("m"))
     assert {c.worker_id: c.load for c in d3.candidates}[d1.worker_id] == 0.0
