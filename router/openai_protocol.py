@@ -87,8 +87,11 @@ class _Common(msgspec.Struct):
     stream_options: StreamOptions | None = None  # only with stream
     ignore_eos: bool | None = None  # vLLM extension
     min_tokens: int | None = None  # vLLM extension, >= 0
-    presence_penalty: float | None = None  # [-2, 2], accepted, not applied
-    frequency_penalty: float | None = None  # [-2, 2], accepted, not applied
+    presence_penalty: float | None = None  # [-2, 2]
+    frequency_penalty: float | None = None  # [-2, 2]
+    top_k: int | None = None  # vLLM extension: -1 or 0 = off, else >= 1
+    min_p: float | None = None  # vLLM extension, [0, 1]
+    repetition_penalty: float | None = None  # vLLM extension, > 0 (1 = off)
     user: str | None = None
     logit_bias: dict[str, float] | None = None  # refused unless empty
     best_of: int | None = None  # refused unless 1
@@ -174,6 +177,11 @@ class GenerationParams:
     stop: tuple[str, ...]  # stop strings, applied by the frontend
     ignore_eos: bool
     min_tokens: int
+    top_k: int  # 0 = off
+    min_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
     stream: bool
     include_usage: bool  # final usage chunk when streaming
 
@@ -206,6 +214,11 @@ def _params(req: _Common, max_tokens: int | None) -> GenerationParams:
         stop=_stops(req.stop),
         ignore_eos=bool(req.ignore_eos),
         min_tokens=req.min_tokens or 0,
+        top_k=max(req.top_k or 0, 0),
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
     )
@@ -329,6 +342,14 @@ def _check_common(req: _Common) -> None:
         raise _bad("seed", "seed must fit in a signed 64-bit integer")
     _check_range(req, "presence_penalty", -2, 2)
     _check_range(req, "frequency_penalty", -2, 2)
+    if req.top_k is not None and req.top_k < -1:
+        raise _bad("top_k", f"top_k must be -1, 0 (off) or at least 1, got {req.top_k}")
+    _check_range(req, "min_p", 0, 1)
+    if req.repetition_penalty is not None and not req.repetition_penalty > 0:
+        raise _bad(
+            "repetition_penalty",
+            f"repetition_penalty must be greater than zero, got {req.repetition_penalty}",
+        )
     _check_stop(req.stop)
     if req.stream_options is not None and not req.stream:
         raise _bad("stream_options", "stream_options is only allowed when stream is true")

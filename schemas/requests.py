@@ -29,6 +29,12 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     ignore_eos: bool = False
     min_tokens: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    # applied by engines that sample from logits (vLLM); the mocker's tokens are synthetic
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
 
 class RouteCandidate(msgspec.Struct, frozen=True, omit_defaults=True):

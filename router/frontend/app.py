@@ -266,6 +266,11 @@ class Frontend:
                         seed=seed,
                         ignore_eos=params.ignore_eos,
                         min_tokens=params.min_tokens,
+                        top_k=params.top_k,
+                        min_p=params.min_p,
+                        presence_penalty=params.presence_penalty,
+                        frequency_penalty=params.frequency_penalty,
+                        repetition_penalty=params.repetition_penalty,
                     ),
                     created_at_s=now,
                 )

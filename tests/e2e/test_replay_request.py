@@ -93,3 +93,31 @@ async def test_replay_traffic_sends_recorded_requests_again(fleet) -> None:
                for k, r in enumerate(report.replayed))  # fmt: skip
     assert 0.0 < report.wall_s < 2.0  # 0.6 s of recorded spacing at 4x, plus generation
     assert len(report.recorded_ttft_s) == 4
+
+
+async def test_sampling_parameters_travel_on_the_wire(fleet) -> None:
+    """top_k, min_p and the penalties reach the worker's Request as sent (vLLM applies them)."""
+    t0 = time.time() - 1
+    sampling = {
+        "top_k": 40,
+        "min_p": 0.05,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1,
+    }
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"model": "jetfleet-tiny", "prompt": "sample", "max_tokens": 3, **sampling}
+        r = await client.post(f"{fleet.base_url}/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    rid = r.json()["id"]
+    nc = await connect_nats(fleet.nats_url, name="test-sampling")
+    try:
+
+        async def routed():
+            got = await request_timeline(nc.jetstream(), Subjects(fleet.prefix), rid, t0)
+            return [e.message for e in got if isinstance(e.message, Request)] or None
+
+        (request,) = await wait_for(routed, timeout=10)
+    finally:
+        await close_nats(nc)
+    assert {k: getattr(request.sampling, k) for k in sampling} == sampling

@@ -108,6 +108,10 @@ BAD_CHAT: list[tuple[str, bytes, int, str | None]] = [
     ("min_tokens negative", chat(min_tokens=-1), 400, "min_tokens"),
     ("presence_penalty", chat(presence_penalty=3), 400, "presence_penalty"),
     ("frequency_penalty", chat(frequency_penalty=-2.5), 400, "frequency_penalty"),
+    ("top_k below off", chat(top_k=-2), 400, "top_k"),
+    ("top_k type", chat(top_k=1.5), 400, "top_k"),
+    ("min_p", chat(min_p=1.5), 400, "min_p"),
+    ("repetition_penalty zero", chat(repetition_penalty=0), 400, "repetition_penalty"),
     ("logprobs", chat(logprobs=True), 400, "logprobs"),
     ("top_logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
     ("tools", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
@@ -202,6 +206,11 @@ def test_chat_params_resolve_defaults() -> None:
         stop=(),
         ignore_eos=False,
         min_tokens=0,
+        top_k=0,
+        min_p=0.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        repetition_penalty=1.0,
         stream=False,
         include_usage=False,
     )
@@ -218,14 +227,25 @@ def test_chat_params_carry_values() -> None:
         stop="END",
         ignore_eos=True,
         min_tokens=2,
+        top_k=40,
+        min_p=0.05,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.1,
         stream=True,
         stream_options={"include_usage": True},
     )
     params = chat_generation_params(parse_chat_request(body))
+    assert (params.top_k, params.min_p, params.repetition_penalty) == (40, 0.05, 1.1)
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -0.5)
     assert params.max_tokens == 4  # max_completion_tokens wins
     assert (params.temperature, params.top_p, params.seed, params.n) == (0.5, 0.9, 3, 2)
     assert (params.stop, params.ignore_eos, params.min_tokens) == (("END",), True, 2)
     assert (params.stream, params.include_usage) == (True, True)
+
+
+def test_top_k_minus_one_is_off() -> None:
+    assert chat_generation_params(parse_chat_request(chat(top_k=-1))).top_k == 0
 
 
 def test_completion_params() -> None:

@@ -32,6 +32,11 @@ FULL_REQUEST = EngineRequest(
         ignore_eos=True,
         min_tokens=2,
         stop_token_ids=(7, 8),
+        top_k=40,
+        min_p=0.05,
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+        repetition_penalty=1.1,
     ),
     kv_transfer_params={"remote_engine_id": "e1", "remote_block_ids": [1, 2]},
 )
@@ -126,6 +131,11 @@ def test_sampling_kwargs_carry_every_field_we_have() -> None:
         "max_tokens": 9,
         "temperature": 0.3,
         "top_p": 0.8,
+        "top_k": 40,
+        "min_p": 0.05,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.25,
+        "repetition_penalty": 1.1,
         "seed": 11,
         "ignore_eos": True,
         "min_tokens": 2,
@@ -137,6 +147,8 @@ def test_sampling_kwargs_carry_every_field_we_have() -> None:
     }
     plain = sampling_kwargs(EngineRequest("r", (1,), SamplingParams(max_tokens=1)))
     assert "extra_args" not in plain and plain["seed"] is None
+    assert plain["top_k"] == -1  # off, in the spelling every vLLM version accepts
+    assert (plain["min_p"], plain["repetition_penalty"]) == (0.0, 1.0)
 
 
 @pytest.mark.parametrize(

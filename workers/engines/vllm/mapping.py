@@ -2,8 +2,10 @@
 
 Request -> ``vllm.SamplingParams`` keyword arguments: every field of ``schemas.requests.
 SamplingParams`` has a vLLM counterpart of the same name and meaning (``max_tokens``,
-``temperature``, ``top_p``, ``seed``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``).
-Our wire has no ``top_k``, ``min_p``, penalties or logprobs, so vLLM's defaults apply to those.
+``temperature``, ``top_p``, ``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``,
+``repetition_penalty``, ``seed``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``); our
+``top_k=0`` (off) is sent as vLLM's ``-1``, which every vLLM version reads as off. Our wire has
+no logprobs, so vLLM computes none.
 Stop strings are applied by the frontend, and the worker detokenizes, so vLLM is asked not to
 (``detokenize=False``). ``kv_transfer_params`` go in ``extra_args["kv_transfer_params"]``, where
 vLLM's KV connectors read them (as vLLM's own OpenAI server puts them). The backend adds
@@ -30,6 +32,11 @@ def sampling_kwargs(request: EngineRequest) -> dict[str, Any]:
         "max_tokens": sp.max_tokens,
         "temperature": sp.temperature,
         "top_p": sp.top_p,
+        "top_k": sp.top_k if sp.top_k > 0 else -1,
+        "min_p": sp.min_p,
+        "presence_penalty": sp.presence_penalty,
+        "frequency_penalty": sp.frequency_penalty,
+        "repetition_penalty": sp.repetition_penalty,
         "seed": sp.seed,
         "ignore_eos": sp.ignore_eos,
         "min_tokens": sp.min_tokens,
