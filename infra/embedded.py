@@ -338,9 +338,15 @@ class EmbeddedRedis(_Server):
         port: int = 0,
         host: str = "127.0.0.1",
         appendonly: bool = False,
+        aclfile: str | Path | None = None,
+        probe_user: tuple[str, str] | None = None,
     ) -> None:
+        """``aclfile``: Redis users (e.g. ``infra/deploy/redis-users.acl``); ``probe_user`` is the
+        (user, password) the start-up check authenticates as when the default user is off."""
         super().__init__(data_dir, port, host)
         self.appendonly = appendonly
+        self.aclfile = Path(aclfile) if aclfile is not None else None
+        self.probe_user = probe_user
 
     @property
     def url(self) -> str:
@@ -376,35 +382,49 @@ class EmbeddedRedis(_Server):
             str(self.data_dir),
             "--protected-mode",
             "yes",
+            *(["--aclfile", str(self.aclfile.resolve())] if self.aclfile else []),
         ]
 
     def _wait_ready(self, deadline: float) -> None:
-        while not _redis_serves(self.host, self.port, self.pid):
+        while not _redis_serves(self.host, self.port, self.pid, self.probe_user):
             self._check_alive()
             if time.monotonic() > deadline:
                 raise ServerStartError(f"redis-server did not answer INFO:\n{self.log_tail()}")
             time.sleep(_POLL_S)
 
 
-def _redis_serves(host: str, port: int, pid: int, timeout_s: float = 0.5) -> bool:
+def _redis_serves(
+    host: str, port: int, pid: int, user: tuple[str, str] | None = None, timeout_s: float = 0.5
+) -> bool:
     """True when the redis-server answering on ``host:port`` is process ``pid`` (not a squatter)."""
+    auth = b""
+    if user is not None:
+        parts = (b"AUTH", user[0].encode(), user[1].encode())
+        auth = b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(x), x) for x in parts)
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as s:
-            s.sendall(b"INFO server\r\n")
-            reply = _read_resp_bulk(s, time.monotonic() + timeout_s)
+            s.sendall(auth + b"INFO server\r\n")
+            reply = _read_resp_bulk(s, time.monotonic() + timeout_s, skip_ok=user is not None)
     except OSError:
         return False
     return reply is not None and f"process_id:{pid}\r\n".encode() in reply
 
 
-def _read_resp_bulk(s: socket.socket, deadline: float) -> bytes | None:
-    """Read one RESP bulk string (``$<len>\\r\\n<data>\\r\\n``); None on an error reply."""
+def _read_resp_bulk(s: socket.socket, deadline: float, skip_ok: bool = False) -> bytes | None:
+    """Read one RESP bulk string (``$<len>\\r\\n<data>\\r\\n``), after a ``+OK`` if
+    ``skip_ok`` (the AUTH reply); None on an error reply."""
     buf = b""
     while time.monotonic() < deadline:
         chunk = s.recv(65536)
         if not chunk:
             return None
         buf += chunk
+        if skip_ok:
+            if len(buf) < 5:
+                continue
+            if not buf.startswith(b"+OK\r\n"):
+                return None  # wrong password, or the user is off
+            buf, skip_ok = buf[5:], False
         head_end = buf.find(b"\r\n")
         if head_end < 0:
             continue

@@ -15,8 +15,8 @@ using redis-py.
 
 Errors: a refused or lost connection raises ``redis.exceptions.ConnectionError`` for every call in
 flight (what callers of redis-py already handle) and the next call connects again; error replies
-raise ``ResponseError`` (``NoScriptError`` for NOSCRIPT). No read timeout, as with the redis-py
-clients this project builds.
+raise ``ResponseError`` (``NoScriptError`` for NOSCRIPT, ``NoPermissionError`` for NOPERM). No
+read timeout, as with the redis-py clients this project builds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, cast
 import hiredis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 Arg = str | bytes | int | float
 
@@ -57,9 +57,7 @@ class _Protocol(asyncio.Protocol):
                 continue
             if isinstance(reply, hiredis.ReplyError):
                 msg = str(reply)
-                fut.set_exception(
-                    (NoScriptError if msg.startswith("NOSCRIPT") else ResponseError)(msg)
-                )
+                fut.set_exception(_ERRORS.get(msg.split(" ", 1)[0], ResponseError)(msg))
             else:
                 fut.set_result(reply)
 
@@ -80,6 +78,13 @@ class _Protocol(asyncio.Protocol):
         self.transport.write(payload)
         self.waiting.extend(futs)
         return futs
+
+
+# error replies by their first word, as redis-py classifies them
+_ERRORS: dict[str, type[ResponseError]] = {
+    "NOSCRIPT": NoScriptError,
+    "NOPERM": NoPermissionError,
+}
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:

@@ -1,0 +1,131 @@
+"""The shipped Redis users (infra/deploy/redis-users.acl) on a real redis-server: the indexer and
+the routers work under their own users, and each is refused what its role does not need."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+
+from infra.embedded import EmbeddedRedis
+from infra.jetstream import connect_redis, ensure_topology
+from router.fleet_state import FleetState
+from router.indexer import Indexer, IndexerConfig, IndexerMetrics
+from router.kv.keys import KvKeys
+from router.kv.redis_index import RedisPrefixIndex
+from router.kv.router import KvRouter
+from router.kv.translate import StoreOp
+from router.policies import RouteQuery
+from schemas import WorkerRegistration, encode
+from tests.helpers import wait_for
+from tests.kv_events_gen import mocker_event_batches
+
+pytestmark = pytest.mark.integration
+
+ACL = Path(__file__).resolve().parents[2] / "infra" / "deploy" / "redis-users.acl"
+PASSWORDS = {role: f"pw-{role}-{uuid.uuid4().hex[:8]}" for role in ("indexer", "frontend", "admin")}
+
+
+@pytest.fixture(scope="module")
+def acl_redis(tmp_path_factory: pytest.TempPathFactory):
+    text = ACL.read_text()
+    for role, pw in PASSWORDS.items():  # the shipped file, only the passwords swapped
+        text, n = re.subn(rf">CHANGE-ME-{role}\b", f">{pw}", text)
+        assert n == 1, role
+    tmp = tmp_path_factory.mktemp("redis-acl")
+    (tmp / "users.acl").write_text(text)
+    server = EmbeddedRedis(tmp, aclfile=tmp / "users.acl", probe_user=("admin", PASSWORDS["admin"]))
+    server.start()
+    yield server
+    server.stop()
+
+
+def url(server: EmbeddedRedis, role: str) -> str:
+    return f"redis://{role}:{PASSWORDS[role]}@{server.host}:{server.port}/0"
+
+
+async def test_anonymous_and_wrong_passwords_are_refused(acl_redis) -> None:
+    anon = await connect_redis(acl_redis.url)
+    with pytest.raises((AuthenticationError, ResponseError)):
+        await anon.ping()
+    await anon.aclose()
+    wrong = await connect_redis(url(acl_redis, "frontend").replace(PASSWORDS["frontend"], "x"))
+    with pytest.raises(AuthenticationError):
+        await wrong.ping()
+    await wrong.aclose()
+
+
+async def test_indexer_and_frontend_under_their_own_users(acl_redis, nc, subjects) -> None:
+    """A real indexer applies FLEET_KV events under `indexer`; a kv router routes on them under
+    `frontend` (both on the lean connection and through redis-py)."""
+    await ensure_topology(nc.jetstream(), subjects)
+    redis_ix = await connect_redis(url(acl_redis, "indexer"))
+    cfg = IndexerConfig(nc.connected_url.geturl(), url(acl_redis, "indexer"), subjects)
+    indexer = Indexer(cfg, nc, redis_ix, IndexerMetrics(CollectorRegistry()))
+    stop = asyncio.Event()
+    task = asyncio.create_task(indexer.run(stop))
+    batches = mocker_event_batches(requests=20, seed=7)
+    js = nc.jetstream()
+    last = 0
+    for b in batches:
+        last = (await js.publish(subjects.kv(b.model, b.worker_id), encode(b))).seq
+    await wait_for(lambda: indexer.applied >= last, timeout=20)
+    assert await indexer.index.applied_seq() == last
+
+    redis_fe = await connect_redis(url(acl_redis, "frontend"))
+    keys = KvKeys.for_prefix(subjects.prefix)
+    for lean in (True, False):
+        router = KvRouter(RedisPrefixIndex(redis_fe, keys, lean=lean), seed=1)
+        await router.warm()
+        state = FleetState()
+        for w in ("w0", "w1"):  # the workers of mocker_event_batches
+            state.upsert(WorkerRegistration(w, "m", "agg", "mocker", 4, 64, 4), 0.0)
+        stored = next(e for b in batches for e in b.events if type(e).__name__ == "BlockStored")
+        prompt = stored.token_ids[: 4 * len(stored.block_hashes)]
+        rid = f"req-{lean}"
+        decision = await router.route(RouteQuery("m", prompt, rid), state.candidates("m"))
+        assert max(c.overlap_blocks for c in decision.candidates) > 0
+        await router.first_token(rid)
+        await router.finished(rid)
+        assert await router.index.match("m", stored.block_hashes)
+    await redis_fe.ping()  # the frontend's /ready check
+
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    await redis_ix.aclose()
+    await redis_fe.aclose()
+
+
+async def test_each_role_is_refused_what_it_does_not_need(acl_redis, subjects) -> None:
+    keys = KvKeys.for_prefix(subjects.prefix)
+    fe = await connect_redis(url(acl_redis, "frontend"))
+    ix = await connect_redis(url(acl_redis, "indexer"))
+    try:
+        # the frontend cannot take the indexer's lock, write its maps or wipe anything
+        with pytest.raises(NoPermissionError):
+            await fe.set(f"jf:{subjects.prefix}:leader", "me")
+        with pytest.raises(NoPermissionError):
+            await fe.hset(keys.pos, "seq", 1)
+        with pytest.raises(NoPermissionError):
+            await fe.flushdb()
+        with pytest.raises(NoPermissionError):
+            await fe.client_kill_filter(_type="normal")
+        frontend_index = RedisPrefixIndex(fe, keys)
+        with pytest.raises(NoPermissionError):  # the indexer's apply script (EVAL) is not its
+            await frontend_index.apply("m", "w", 1, 1, [StoreOp("w", (1,), (1,))])
+        # the indexer owns the namespace, and nothing outside it or above it
+        await ix.set(f"jf:{subjects.prefix}:probe", "1")
+        with pytest.raises(NoPermissionError):
+            await ix.set("other:key", "1")
+        with pytest.raises(NoPermissionError):
+            await ix.flushall()
+        with pytest.raises(NoPermissionError):
+            await ix.config_set("appendonly", "no")
+    finally:
+        await fe.aclose()
+        await ix.aclose()
