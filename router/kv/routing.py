@@ -16,9 +16,8 @@ step pays a fixed cost per prefilling sequence: the mocker's 16.5 ms is about 17
 tokens). It enters ``active_prefill_blocks`` once per request still to prefill, so two cache hits
 queued on a worker weigh more than one; for the new request it is the same on every candidate.
 The reservation (prefill: new - overlap blocks + the overhead, decode: new blocks) is released
-when the
-request ends (its prefill part at the first token), and expires by itself
-after ``ttl_ms`` if the router that made it dies.
+when the request ends (its prefill part at the first token), and expires by itself after
+``ttl_ms`` if the router that made it dies.
 """
 
 from __future__ import annotations
