@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -18,6 +19,20 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.integration
 
 
+async def timeline_when(fleet, rid: str, t0: float, ready: Callable[[list], bool]) -> list:
+    """The request's timeline, read again until ``ready`` says it holds what the test needs."""
+    nc = await connect_nats(fleet.nats_url, name="test-replay")
+    try:
+
+        async def read():
+            got = await request_timeline(nc.jetstream(), Subjects(fleet.prefix), rid, t0)
+            return got if ready(got) else None
+
+        return await wait_for(read, timeout=10)
+    finally:
+        await close_nats(nc)
+
+
 async def test_timeline_of_an_n2_request(fleet) -> None:
     t0 = time.time() - 1
     async with httpx.AsyncClient(timeout=30) as client:
@@ -27,16 +42,9 @@ async def test_timeline_of_an_n2_request(fleet) -> None:
         )
     assert r.status_code == 200, r.text
     rid = r.json()["id"]
-    nc = await connect_nats(fleet.nats_url, name="test-replay")
-    try:
-
-        async def complete():
-            got = await request_timeline(nc.jetstream(), Subjects(fleet.prefix), rid, t0)
-            return got if sum(isinstance(e.message, RequestObservation) for e in got) == 2 else None
-
-        entries = await wait_for(complete, timeout=10)
-    finally:
-        await close_nats(nc)
+    entries = await timeline_when(
+        fleet, rid, t0, lambda got: sum(isinstance(e.message, RequestObservation) for e in got) == 2
+    )
     routed = [e for e in entries if isinstance(e.message, Request)]
     assert {e.message.request_id for e in routed} == {f"{rid}-0", f"{rid}-1"}
     assert all("routed to worker" in e.summary for e in routed)
@@ -110,14 +118,8 @@ async def test_sampling_parameters_travel_on_the_wire(fleet) -> None:
         r = await client.post(f"{fleet.base_url}/v1/completions", json=body)
     assert r.status_code == 200, r.text
     rid = r.json()["id"]
-    nc = await connect_nats(fleet.nats_url, name="test-sampling")
-    try:
-
-        async def routed():
-            got = await request_timeline(nc.jetstream(), Subjects(fleet.prefix), rid, t0)
-            return [e.message for e in got if isinstance(e.message, Request)] or None
-
-        (request,) = await wait_for(routed, timeout=10)
-    finally:
-        await close_nats(nc)
+    entries = await timeline_when(
+        fleet, rid, t0, lambda got: any(isinstance(e.message, Request) for e in got)
+    )
+    (request,) = [e.message for e in entries if isinstance(e.message, Request)]
     assert {k: getattr(request.sampling, k) for k in sampling} == sampling
