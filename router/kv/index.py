@@ -61,6 +61,9 @@ class PrefixIndex(Protocol):
     async def reserved(self, model: str, worker_id: str) -> tuple[int, int]:
         """(prefill, decode) blocks reserved on a worker right now."""
 
+    async def warm(self) -> None:
+        """Be ready for the first routing call (open connections, load scripts)."""
+
 
 @dataclass
 class _Reservation:
@@ -194,6 +197,9 @@ class InMemoryPrefixIndex:
             acc[1] -= res.decode
             del self._res[request_id]
         return True
+
+    async def warm(self) -> None:
+        return None  # nothing to open
 
     async def reserved(self, model: str, worker_id: str) -> tuple[int, int]:
         p, d = self._load.get((model, worker_id), [0, 0])

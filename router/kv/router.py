@@ -106,9 +106,7 @@ class KvRouter:
 
     async def warm(self) -> None:
         """Get the index ready for the first request (scripts loaded, connection open)."""
-        warm = getattr(self.index, "warm", None)
-        if warm is not None:
-            await warm()
+        await self.index.warm()
 
     def _candidate(self, v: WorkerView, block_size: int, now: float, hint: int) -> CandidateLoad:
         load = v.load
