@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.stream_read import Recorded, read_messages
+from nats.js import JetStreamContext
+
+from base.stream_read import Recorded, read_messages
 from schemas import (
     DeadLetter,
     Request,
@@ -139,7 +141,7 @@ def timeline_entries(
 
 
 async def request_timeline(
-    js: Any, subjects: Subjects, request_id: str, from_s: float
+    js: JetStreamContext, subjects: Subjects, request_id: str, from_s: float
 ) -> list[Entry]:
     start = datetime.fromtimestamp(from_s, UTC)
     p = subjects.prefix

@@ -20,8 +20,9 @@ from typing import Any
 
 import msgspec
 
-from infra.jetstream import close_nats, connect_nats, connect_redis, ensure_topology
-from infra.stream_read import Recorded, read_messages
+from base.connect import close_nats, connect_nats, connect_redis
+from base.stream_read import Recorded, read_messages
+from base.topology import ensure_topology
 from planner.observe import percentile
 from router.client import ClientConfig, FleetClient, NoWorkersError, OverloadedError
 from router.discovery import Discovery

@@ -9,7 +9,10 @@ import time
 import uuid
 from typing import Any
 
-from infra.jetstream import connect_nats, ensure_topology
+from nats.js import JetStreamContext
+
+from base.connect import connect_nats
+from base.topology import ensure_topology
 from schemas import (
     ModelCard,
     Request,
@@ -43,7 +46,7 @@ async def infra_init(nats_url: str, subjects: Subjects, replicas: int, quiet: bo
     return 0
 
 
-async def load_cards(js: Any, subjects: Subjects) -> dict[str, ModelCard]:
+async def load_cards(js: JetStreamContext, subjects: Subjects) -> dict[str, ModelCard]:
     kv = await js.key_value(subjects.bucket_name(MODELS_BUCKET))
     cards: dict[str, ModelCard] = {}
     try:
@@ -59,7 +62,7 @@ async def load_cards(js: Any, subjects: Subjects) -> dict[str, ModelCard]:
 
 
 async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
-    from router.tokenization import ModelTokenizer
+    from model.tokenizer import ModelTokenizer
 
     nc = await connect_nats(args.nats, name="jetfleet-publish")
     js = nc.jetstream()
@@ -75,6 +78,9 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
         card = cards[name]
         store = await js.object_store(subjects.bucket_name(MODEL_FILES_STORE))
         tok_json = (await store.get(card.tokenizer_object)).data
+        if tok_json is None:
+            print(f"the tokenizer of {name} is missing from the model store", file=sys.stderr)
+            return 1
         tok = ModelTokenizer(tok_json, card.chat_template, card.bos_token, card.eos_token)
         text = (
             args.prompt
@@ -113,7 +119,7 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
         await nc.close()
 
 
-async def fleet_status(js: Any, subjects: Subjects) -> dict[str, Any]:
+async def fleet_status(js: JetStreamContext, subjects: Subjects) -> dict[str, Any]:
     kv = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
     workers: list[dict[str, Any]] = []
     try:
@@ -143,7 +149,7 @@ async def fleet_status(js: Any, subjects: Subjects) -> dict[str, Any]:
                 subjects.stream_name("METRICS"),
                 subjects.metrics(reg.model, reg.role, reg.worker_id),
             )
-            load = decode(raw.data, WorkerLoad)
+            load = decode(raw.data or b"", WorkerLoad)
             row.update(
                 num_running=load.num_running,
                 num_waiting=load.num_waiting,

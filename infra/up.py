@@ -7,12 +7,12 @@ import contextlib
 import signal
 import threading
 from pathlib import Path
-from typing import Any
 
 import structlog
 
+from base.process import ProcessGroup, cli_command, wait_http_ok
+from infra.cli.components import engine_argv, routing_argv
 from infra.embedded import EmbeddedNats, EmbeddedRedis
-from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
 from schemas import Subjects
 
 log = structlog.get_logger("jetfleet.up")
@@ -62,25 +62,12 @@ def run_servers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _passthrough(args: argparse.Namespace, names: list[str]) -> list[str]:
-    out: list[str] = []
-    for name in names:
-        value: Any = getattr(args, name)
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, bool):
-            if value:
-                out.append(flag)
-        elif value is not None:
-            out += [flag, str(value)]
-    return out
-
-
 def _start_autoscaling(
     args: argparse.Namespace, group: ProcessGroup, common: list[str], engine: list[str]
 ) -> None:
     """The local connector starts (and owns) the workers; the planner resizes them. The
     planner's capacity profile defaults to the mocker's at this ``--speedup``."""
-    from infra.cli_planner import planner_flags, served_name
+    from infra.cli.planner import planner_flags, served_name
 
     group.start(
         "connector",
@@ -122,20 +109,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     ]
     try:
         uvloop.run(infra_init(nats.url, subjects, 1, quiet=True))
-        engine = _passthrough(
-            args,
-            [
-                "model",
-                "served_model_name",
-                "engine",
-                "speedup",
-                "num_gpu_blocks",
-                "block_size",
-                "max_num_seqs",
-                "max_num_batched_tokens",
-                "no_prefix_caching",
-            ],
-        )
+        engine = engine_argv(args)
         if args.planner:
             _start_autoscaling(args, group, common, engine)
         else:
@@ -143,15 +117,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
                 group.start(f"worker-{i}", cli_command("worker", *common, *engine))
         if args.router == "kv":
             group.start("indexer", cli_command("indexer", *common, "--redis", redis.url))
-        routing_flags = [
-            "router",
-            "stall_timeout",
-            "max_waiting_per_worker",
-            "kv_prefill_weight",
-            "kv_prefill_overhead",
-            "kv_temperature",
-        ]
-        routing = [*_passthrough(args, routing_flags), "--redis", redis.url]
+        routing = [*routing_argv(args), "--redis", redis.url]
         group.start(
             "frontend",
             cli_command(

@@ -1,4 +1,4 @@
-"""The pure half of ``jetfleet profile`` (``planner/profile.py``): its settings, the
+"""The pure half of ``jetfleet profile`` (the driver is ``infra/profile.py``): its settings, the
 sweep points, and how a point and a capacity are computed from request timings. No I/O."""
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.stream_read import read_range
+from nats.js import JetStreamContext
+
+from base.stream_read import read_range
 from planner.config import PlannerConfig
 from planner.core import Decision, PlannerState, plan
 from planner.records import (
@@ -157,7 +159,7 @@ def replay_intervals(
 
 
 async def replay_planner(
-    js: Any,
+    js: JetStreamContext,
     subjects: Subjects,
     model: str,
     from_s: float,

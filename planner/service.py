@@ -24,22 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from infra.deadletter import dead_letter
-from infra.jetstream import close_nats, connect_nats, ensure_consumer, ensure_topology
-from infra.ops_http import start_ops_server
-from infra.stream_read import last_per_subject, read_range
+from base.connect import close_nats, connect_nats
+from base.deadletter import dead_letter
+from base.ops_http import start_ops_server
+from base.signals import stop_event
+from base.stream_read import last_per_subject, read_range
+from base.topology import ensure_consumer, ensure_topology
+from base.worker_watch import WorkerWatch
 from planner.config import PlannerConfig
 from planner.core import Decision, PlannerState, plan
-from planner.fleet_watch import WorkerWatch
 from planner.records import (
     IntervalCollector,
     IntervalInput,
@@ -115,7 +119,7 @@ def reason_kind(reasons: tuple[str, ...]) -> str:
 
 
 async def recover(
-    js: Any, cfg: PlannerServiceConfig
+    js: JetStreamContext, cfg: PlannerServiceConfig
 ) -> tuple[PlannerState, int, list[ScalingDecided]]:
     """The state to continue from and the last metrics sequence already planned."""
     s = cfg.subjects
@@ -158,7 +162,7 @@ async def recover(
 
 class PlannerService:
     def __init__(
-        self, cfg: PlannerServiceConfig, nc: Any, watch: WorkerWatch, registry: CollectorRegistry
+        self, cfg: PlannerServiceConfig, nc: NATS, watch: WorkerWatch, registry: CollectorRegistry
     ) -> None:
         self.cfg = cfg
         self.nc = nc
@@ -170,7 +174,7 @@ class PlannerService:
         self.pending_ack: Any = None
         self.intervals = 0
 
-    async def take(self, msg: Any) -> None:
+    async def take(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         if seq <= self.collector.last_seq:
             return  # planned before a restart, or a redelivery
@@ -277,10 +281,7 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
     watch = WorkerWatch(nc, cfg.subjects)
     await watch.start()
     service = PlannerService(cfg, nc, watch, registry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     try:
         await service.run(stop)
     finally:

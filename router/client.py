@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import api
 
 from router.fleet_state import FleetState, WorkerView
@@ -29,6 +32,7 @@ from router.policies import RouteQuery, Router
 from schemas import (
     CancelRequested,
     Request,
+    RequestObservation,
     RouteDecision,
     TokenChunk,
     WireDecodeError,
@@ -78,7 +82,7 @@ class Generation:
         self.next_index = 0
         self.last_activity = time.monotonic()
         self.queue: asyncio.Queue[TokenChunk | _Migrate] = asyncio.Queue()
-        self.sub: Any = None
+        self.sub: Subscription | None = None
         self.done = False
 
     @property
@@ -89,7 +93,7 @@ class Generation:
     def attempts(self) -> int:
         return self.request.attempt + 1
 
-    async def _on_msg(self, msg: Any) -> None:
+    async def on_message(self, msg: Msg) -> None:
         try:
             self.queue.put_nowait(decode(msg.data, TokenChunk))
         except WireDecodeError as exc:
@@ -103,7 +107,7 @@ class Generation:
             while not self.done:
                 item = await self.queue.get()
                 if isinstance(item, _Migrate):
-                    final = await self.client._migrate(self, item.reason)
+                    final = await self.client.migrate(self, item.reason)
                     if final is not None:
                         self.done = True
                         yield final
@@ -123,14 +127,14 @@ class Generation:
                     if self.done:
                         break
         finally:
-            await self.client._release(self)
+            await self.client.release(self)
 
     async def _accept(self, chunk: TokenChunk) -> list[TokenChunk]:
         """Chunks to deliver now, in order (fills a gap from the stream if one shows)."""
         if chunk.attempt != self.request.attempt or chunk.index < self.next_index:
             return []  # stale attempt or duplicate
         if chunk.index > self.next_index:
-            missing = await self.client._recover(self, chunk.index)
+            missing = await self.client.recover(self, chunk.index)
             if missing is None:
                 self.queue.put_nowait(_Migrate("lost token chunks"))
                 return []
@@ -139,6 +143,40 @@ class Generation:
             out = [chunk]
         self.next_index = out[-1].index + 1
         return out
+
+    def observation(
+        self,
+        *,
+        status: str,
+        accepted: float,
+        first_at: float,
+        last_at: float,
+        source: str,
+        finish_reason: str | None = None,
+        error: str | None = None,
+    ) -> RequestObservation:
+        """What the planner and the replay tools learn about this request, from the monotonic
+        times it was accepted, gave its first token and its last (0.0: never)."""
+        osl = len(self.generated)
+        end = last_at or time.monotonic()
+        return RequestObservation(
+            request_id=self.request_id,
+            model=self.request.model,
+            status=status,
+            ts_s=time.time(),
+            worker_id=self.worker_id,
+            isl_tokens=self.prompt_len,
+            osl_tokens=osl,
+            cached_tokens=self.cached_tokens,
+            ttft_s=(first_at - accepted) if first_at else 0.0,
+            itl_s=(last_at - first_at) / (osl - 1) if osl > 1 and first_at and last_at else 0.0,
+            e2e_s=end - accepted,
+            attempts=self.attempts,
+            finish_reason=finish_reason,
+            error=error,
+            route=self.decision,
+            frontend_id=source,
+        )
 
     async def cancel(self, reason: str = "client_disconnected") -> None:
         if self.done:
@@ -153,7 +191,7 @@ class Generation:
 class FleetClient:
     def __init__(
         self,
-        nc: Any,
+        nc: NATS,
         subjects: Subjects,
         state: FleetState,
         router: Router | None,
@@ -214,13 +252,13 @@ class FleetClient:
             request = _with_route(request, decision)
             self._on_route(decision)
         gen = Generation(self, request, decision)
-        gen.sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=gen._on_msg)
+        gen.sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=gen.on_message)
         self.active[request.request_id] = gen
         self._count(gen.worker_id, +1)
         try:
             await self._publish(gen, subject)
         except Exception:
-            await self._release(gen)
+            await self.release(gen)
             raise
         return gen
 
@@ -237,7 +275,8 @@ class FleetClient:
         if view is not None:
             view.in_flight = max(view.in_flight + delta, 0)
 
-    async def _release(self, gen: Generation) -> None:
+    async def release(self, gen: Generation) -> None:
+        """Forget ``gen``: its reservation, in-flight count and token subscription (idempotent)."""
         if self.active.pop(gen.request_id, None) is None:
             return
         self._count(gen.worker_id, -1)
@@ -251,7 +290,7 @@ class FleetClient:
                 await gen.sub.unsubscribe()
 
     # ------------------------------------------------------------------ migration
-    async def _migrate(self, gen: Generation, reason: str) -> TokenChunk | None:
+    async def migrate(self, gen: Generation, reason: str) -> TokenChunk | None:
         """Re-route ``gen``; returns a final error chunk when it cannot go on."""
         old = gen.request
         log.warning(
@@ -328,7 +367,7 @@ class FleetClient:
                     gen.queue.put_nowait(_Migrate("stalled"))
                     gen.last_activity = now
 
-    async def _recover(self, gen: Generation, upto: int) -> list[TokenChunk] | None:
+    async def recover(self, gen: Generation, upto: int) -> list[TokenChunk] | None:
         """Read chunks ``gen.next_index .. upto-1`` of the current attempt from FLEET_TOKENS."""
         want = set(range(gen.next_index, upto))
         found: dict[int, TokenChunk] = {}

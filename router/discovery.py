@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
+from model.tokenizer import ModelTokenizer
 from router.fleet_state import FleetState
-from router.tokenization import ModelTokenizer
 from schemas import ModelCard, WireDecodeError, WorkerLoad, WorkerRegistration, decode
 from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
 from schemas.subjects import Subjects
@@ -36,7 +39,7 @@ class ServedModel:
 class Discovery:
     def __init__(
         self,
-        nc: Any,
+        nc: NATS,
         subjects: Subjects,
         state: FleetState,
         on_worker_gone: Callable[[str], None] = lambda _w: None,
@@ -53,7 +56,7 @@ class Discovery:
         self._prune_interval_s = prune_interval_s
         self._tasks: list[asyncio.Task[Any]] = []
         self._watchers: list[Any] = []
-        self._sub: Any = None
+        self._sub: Subscription | None = None
         self.synced = asyncio.Event()
 
     async def start(self) -> None:
@@ -131,11 +134,13 @@ class Discovery:
             self.models[card.name] = ServedModel(card, known.tokenizer)
             return
         obj = await self._files.get(card.tokenizer_object)
+        if obj.data is None:
+            raise ValueError(f"the tokenizer of {card.name} is missing from the model store")
         tok = ModelTokenizer(obj.data, card.chat_template, card.bos_token, card.eos_token)
         self.models[card.name] = ServedModel(card, tok)
         log.info("model_loaded", model=card.name, context_length=card.context_length)
 
-    async def _on_load(self, msg: Any) -> None:
+    async def _on_load(self, msg: Msg) -> None:
         try:
             load = decode(msg.data, WorkerLoad)
         except WireDecodeError:

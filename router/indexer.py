@@ -31,21 +31,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.errors import ObjectNotFoundError
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from infra.deadletter import dead_letter
-from infra.jetstream import close_nats, connect_nats, connect_redis, ensure_topology
-from router.discovery import Discovery
-from router.fleet_state import FleetState
+from base.connect import close_nats, connect_nats, connect_redis
+from base.deadletter import dead_letter
+from base.ops_http import start_ops_server
+from base.signals import stop_event
+from base.topology import ensure_topology
+from base.worker_watch import WorkerWatch
 from router.kv.keys import LEADER_TTL_MS, KvKeys
 from router.kv.redis_index import AppliedLater, ApplyItem, RedisPrefixIndex
 from router.kv.translate import EventTranslator, IndexOp, WireBlockStored, WireKvBatch
@@ -72,7 +75,8 @@ class IndexerConfig:
     subjects: Subjects = field(default_factory=Subjects)
     batch_max: int = 1024  # messages applied in one pipelined round trip
     leader_ttl_ms: int = LEADER_TTL_MS
-    metrics_port: int = 0
+    metrics_port: int = 0  # the operations port: /metrics, /health (0: off)
+    metrics_host: str = "127.0.0.1"
     snapshot_every_s: float = 60.0  # snapshot the index to the object store this often (0: off)
     indexer_id: str = field(default_factory=lambda: f"ix-{uuid.uuid4().hex[:8]}")
 
@@ -84,7 +88,7 @@ class _Prepared:
     heals: list[tuple[str, str, str, int]] = field(default_factory=list)
 
 
-def _stream_seq(msg: Any) -> int:
+def _stream_seq(msg: Msg) -> int:
     """A JetStream message's stream sequence, read from its reply subject
     ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<ts>.<pending>``
     (``msg.metadata`` also builds a datetime and two dataclasses per message); nats-py parses
@@ -126,7 +130,7 @@ class IndexerMetrics:
 
 
 class Indexer:
-    def __init__(self, cfg: IndexerConfig, nc: Any, redis: Any, metrics: IndexerMetrics) -> None:
+    def __init__(self, cfg: IndexerConfig, nc: NATS, redis: Any, metrics: IndexerMetrics) -> None:
         self.cfg = cfg
         self.nc = nc
         self.js = nc.jetstream()
@@ -219,7 +223,7 @@ class Indexer:
             obj = await store.get(SNAPSHOT_OBJECT)
         except ObjectNotFoundError:
             return 0
-        snap = decode(obj.data, IndexSnapshot)
+        snap = decode(obj.data or b"", IndexSnapshot)
         await self.index.import_snapshot(snap)
         self.log.info("indexer_restored_snapshot", seq=snap.seq, workers=len(snap.workers))
         return snap.seq
@@ -256,7 +260,7 @@ class Indexer:
         self.applied = start - 1
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
-        async def on_msg(msg: Any) -> None:
+        async def on_msg(msg: Msg) -> None:
             queue.put_nowait(msg)
 
         sub = await self.js.subscribe(
@@ -410,7 +414,12 @@ async def run_indexer(cfg: IndexerConfig) -> None:
     redis = await connect_redis(cfg.redis_url)
     prom = CollectorRegistry()
     if cfg.metrics_port:
-        start_http_server(cfg.metrics_port, addr="127.0.0.1", registry=prom)
+        start_ops_server(
+            cfg.metrics_port,
+            prom,
+            lambda: (bool(nc.is_connected), "" if nc.is_connected else "NATS disconnected"),
+            cfg.metrics_host,
+        )
     indexer = Indexer(cfg, nc, redis, IndexerMetrics(prom))
     pending: set[asyncio.Task[None]] = set()
 
@@ -419,18 +428,13 @@ async def run_indexer(cfg: IndexerConfig) -> None:
         pending.add(task)
         task.add_done_callback(pending.discard)
 
-    discovery = Discovery(
-        nc, cfg.subjects, FleetState(), on_worker_gone=gone, on_worker_joined=indexer.worker_joined
-    )
-    await discovery.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    watch = WorkerWatch(nc, cfg.subjects, on_joined=indexer.worker_joined, on_gone=gone)
+    await watch.start()
+    stop = stop_event()
     try:
         await indexer.run(stop)
     finally:
-        await discovery.stop()
+        await watch.stop()
         await close_nats(nc)
         await redis.aclose()
         log.info(

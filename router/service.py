@@ -11,30 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from infra.deadletter import dead_letter
-from infra.jetstream import (
-    close_nats,
-    connect_nats,
-    connect_redis,
-    ensure_consumer,
-    ensure_topology,
-)
+from base.deadletter import dead_letter
+from base.signals import stop_event
+from base.topology import ensure_consumer
 from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
-from router.discovery import Discovery
-from router.fleet_state import FleetState
 from router.kv.router import KvRouterConfig
-from router.routers import build_router, warm_router
+from router.stack import RoutingStack, StackConfig
 from schemas import (
     Request,
-    RequestObservation,
     Subjects,
     TokenChunk,
     WireDecodeError,
@@ -58,14 +50,14 @@ class RouterServiceConfig:
 
 
 class RouterService:
-    def __init__(self, cfg: RouterServiceConfig, nc: Any, client: FleetClient) -> None:
+    def __init__(self, cfg: RouterServiceConfig, nc: NATS, client: FleetClient) -> None:
         self.cfg = cfg
         self.nc = nc
         self.js = nc.jetstream()
         self.client = client
         self.followers: set[asyncio.Task[None]] = set()
 
-    async def handle(self, msg: Any) -> None:
+    async def handle(self, msg: Msg) -> None:
         try:
             req = decode(msg.data, Request)
         except WireDecodeError as exc:
@@ -92,31 +84,25 @@ class RouterService:
         first = 0.0
         reason: str | None = None
         error: str | None = None
+        last = 0.0
         async for chunk in gen:
-            if chunk.token_ids and not first:
-                first = time.monotonic()
+            if chunk.token_ids:
+                last = time.monotonic()
+                first = first or last
             if chunk.finish_reason is not None:
                 reason, error = chunk.finish_reason, chunk.error
                 if reason == "error" and chunk.worker_id == "":
                     # an error chunk made by the routing library (migration gave up): the client
                     # reads the token subject, so it must be published there
                     await self.nc.publish(self.cfg.subjects.tok(gen.request_id), encode(chunk))
-        obs = RequestObservation(
-            request_id=gen.request_id,
-            model=gen.request.model,
+        obs = gen.observation(
             status="error" if reason == "error" else "ok",
-            ts_s=time.time(),
-            worker_id=gen.worker_id,
-            isl_tokens=gen.prompt_len,
-            osl_tokens=len(gen.generated),
-            cached_tokens=gen.cached_tokens,
-            ttft_s=(first - started) if first else 0.0,
-            e2e_s=time.monotonic() - started,
-            attempts=gen.attempts,
+            accepted=started,
+            first_at=first,
+            last_at=last,
+            source="router-service",
             finish_reason=reason,
             error=error,
-            route=gen.decision,
-            frontend_id="router-service",
         )
         await self.nc.publish(self.cfg.subjects.obs(gen.request.model), encode(obs))
 
@@ -139,27 +125,16 @@ class RouterService:
 
 
 async def run_router_service(cfg: RouterServiceConfig) -> None:
-    nc = await connect_nats(cfg.nats_url, name="router-service")
-    await ensure_topology(nc.jetstream(), cfg.subjects)
-    redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
-    state = FleetState()
-    router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
-    await warm_router(router)
-    client = FleetClient(nc, cfg.subjects, state, router, cfg.client)
-    discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
-    await discovery.start()
-    client.start()
-    service = RouterService(cfg, nc, client)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stack = await RoutingStack.open(
+        StackConfig(cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client),
+        name="router-service",
+    )
+    service = RouterService(cfg, stack.nc, stack.client)
+    stop = stop_event()
     log.info("router_service_ready", router=cfg.router)
     try:
         await service.run(stop)
         with contextlib.suppress(TimeoutError):  # let followers see their requests finish
             await asyncio.wait_for(asyncio.gather(*service.followers), 30)
     finally:
-        await client.stop()
-        await discovery.stop()
-        await close_nats(nc)
+        await stack.close()

@@ -1,6 +1,6 @@
 """Streams, consumers and buckets of a fleet, declared once as typed config.
 
-Real Python types here (``timedelta``, ``Literal``); ``infra.jetstream`` converts them to the
+Real Python types here (``timedelta``, ``Literal``); ``base.topology`` converts them to the
 JetStream API at the edge and applies them idempotently (``jetfleet infra init``).
 """
 

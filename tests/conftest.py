@@ -14,8 +14,8 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from base.connect import close_nats, connect_nats
 from infra.embedded import EmbeddedNats, EmbeddedRedis
-from infra.jetstream import close_nats, connect_nats
 from schemas import Subjects
 
 # Every test fleet reserves its streams' max_bytes (1 GiB of memory for tokens alone); the server's

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from dataclasses import dataclass
 
 import structlog
 from prometheus_client import CollectorRegistry
 
-from infra.jetstream import close_nats, connect_nats, ensure_consumer, ensure_topology
-from infra.ops_http import start_ops_server
-from router.modelcard import LocalModel, load_model_dir
-from router.tokenization import ModelTokenizer
+from base.connect import close_nats, connect_nats
+from base.ops_http import start_ops_server
+from base.signals import on_stop_signal
+from base.topology import ensure_consumer, ensure_topology
+from model.card import LocalModel, load_model_dir
+from model.tokenizer import ModelTokenizer
 from schemas.streams import pool_consumer
 from workers.config import WorkerConfig
 from workers.engine import Engine
@@ -79,9 +79,7 @@ async def run_worker(
     )
     await runtime.start()
     await registry.register()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, registry.request_stop)
+    on_stop_signal(registry.request_stop)
     log.info(
         "worker_ready",
         worker_id=cfg.worker_id,

@@ -10,8 +10,9 @@ import time
 from typing import Any
 
 import structlog
+from nats.js import JetStreamContext
 
-from router.modelcard import LocalModel, to_model_card
+from model.card import LocalModel, to_model_card
 from schemas import ModelCard, WorkerLoad, WorkerRegistration, encode, model_token
 from schemas.discovery import WorkerStatus
 from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
@@ -22,7 +23,7 @@ log = structlog.get_logger("jetfleet.worker")
 
 
 class Registry:
-    def __init__(self, cfg: WorkerConfig, js: Any, engine: Engine) -> None:
+    def __init__(self, cfg: WorkerConfig, js: JetStreamContext, engine: Engine) -> None:
         self.cfg = cfg
         self.js = js
         self.engine = engine

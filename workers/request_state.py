@@ -8,7 +8,8 @@ periodic flush, so one chunk carries several tokens and no token waits longer th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+
+from nats.aio.msg import Msg
 
 from schemas import Request, TokenChunk, Usage
 from workers.engine import EngineOutput
@@ -37,7 +38,7 @@ class ActiveRequest:
     def __init__(
         self,
         request: Request,
-        msg: Any,
+        msg: Msg,
         worker_id: str,
         detokenize: Callable[[int], str] | None,
         on_ready: Callable[[ActiveRequest, bool], None],

@@ -25,10 +25,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 
-from infra.deadletter import dead_letter
+from base.deadletter import dead_letter
+from model.detokenize import IncrementalDetokenizer
 from schemas import (
     CancelRequested,
     ControlReply,
@@ -43,7 +46,6 @@ from schemas.control import CONTROL_OPS
 from schemas.kv_events import KvCacheEvent
 from schemas.streams import pool_consumer
 from workers.config import WorkerConfig
-from workers.detokenize import IncrementalDetokenizer
 from workers.engine import Engine, EngineRequest
 from workers.kv_batching import split_events
 from workers.metrics import WorkerMetrics
@@ -60,7 +62,7 @@ class WorkerRuntime:
         self,
         cfg: WorkerConfig,
         engine: Engine,
-        nc: Any,
+        nc: NATS,
         registry: Registry,
         tokenizer: Any,
         metrics: WorkerMetrics,
@@ -141,7 +143,7 @@ class WorkerRuntime:
         await self._publish_load()
 
     # ---------------------------------------------------------------- requests in
-    async def _on_request_msg(self, msg: Any) -> None:
+    async def _on_request_msg(self, msg: Msg) -> None:
         try:
             req = decode(msg.data, Request)
         except WireDecodeError as exc:
@@ -163,7 +165,7 @@ class WorkerRuntime:
             self.engine.abort(req.request_id)
         self._admit(req, msg)
 
-    def _admit(self, req: Request, msg: Any) -> None:
+    def _admit(self, req: Request, msg: Msg) -> None:
         detok = IncrementalDetokenizer(self.tokenizer).step if req.detokenize else None
         ar = ActiveRequest(req, msg, self.cfg.worker_id, detok, self._on_ready, time.monotonic())
         self.active[req.request_id] = ar
@@ -259,7 +261,7 @@ class WorkerRuntime:
             self.log.warning("ack_failed", request_id=rid, error=str(exc))
 
     # ---------------------------------------------------------------- cancels, control
-    async def _on_cancel(self, msg: Any) -> None:
+    async def _on_cancel(self, msg: Msg) -> None:
         try:
             cancel = decode(msg.data, CancelRequested)
         except WireDecodeError as exc:
@@ -269,7 +271,7 @@ class WorkerRuntime:
             self.log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
             self.engine.abort(cancel.request_id)
 
-    async def _on_control(self, msg: Any) -> None:
+    async def _on_control(self, msg: Msg) -> None:
         op = msg.subject.rsplit(".", 1)[-1]
         try:
             req = decode(msg.data, ControlRequest) if msg.data else ControlRequest()

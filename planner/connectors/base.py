@@ -23,13 +23,15 @@ import contextlib
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from infra.deadletter import dead_letter
-from infra.jetstream import ensure_consumer
+from base.deadletter import dead_letter
+from base.topology import ensure_consumer
 from schemas import ScalingDecided, ScalingStatus, Subjects, WireDecodeError, decode, encode
 from schemas.streams import ConsumerSpec
 from schemas.subjects import model_token
@@ -69,7 +71,7 @@ def connector_consumer(subjects: Subjects, model: str, kind: str) -> ConsumerSpe
 class ConnectorService:
     def __init__(
         self,
-        nc: Any,
+        nc: NATS,
         subjects: Subjects,
         model: str,
         scaler: Scaler,
@@ -116,7 +118,7 @@ class ConnectorService:
             return f"stale: {age:.0f}s old"
         return None
 
-    async def handle(self, msg: Any) -> None:
+    async def handle(self, msg: Msg) -> None:
         try:
             d = decode(msg.data, ScalingDecided)
         except WireDecodeError as exc:

@@ -37,13 +37,10 @@ explicit ``api_server`` (stated intent wins), the pod's service account when
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import re
-import signal
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +48,8 @@ from typing import Any, Literal, TypeVar, get_args
 
 import structlog
 
-from infra.jetstream import close_nats, connect_nats, ensure_topology
+from base.connect import close_nats, connect_nats
+from base.topology import ensure_topology
 from planner.connectors.base import ConnectorService, ScaleResult
 from schemas import ScalingDecided, Subjects
 
@@ -308,71 +306,6 @@ class KubernetesScaler:
 # --- the process ------------------------------------------------------------------------------
 
 
-def add_kubernetes_args(p: argparse.ArgumentParser) -> None:
-    """Flags of ``jetfleet connector kubernetes`` (the NATS flags come from the common set)."""
-    p.add_argument(
-        "--model", default="jetfleet-tiny", help="served model whose decisions to act on"
-    )
-    p.add_argument(
-        "--deployment",
-        action="append",
-        default=[],
-        required=True,
-        metavar="ROLE=NAME",
-        help="Deployment running a role's workers (repeat per role)",
-    )
-    p.add_argument(
-        "--namespace", default=None, help="default: the pod's own namespace, else 'default'"
-    )
-    p.add_argument("--auth", choices=AUTH_MODES, default="auto", help="credential source")
-    p.add_argument("--api-server", default=None, help="API server URL (wins over auto-detection)")
-    p.add_argument("--token", default=None, help="bearer token for --api-server")
-    p.add_argument("--token-file", default=None, help="file holding the bearer token")
-    p.add_argument("--ca-cert", default=None, help="CA bundle of the API server's certificate")
-    p.add_argument("--insecure-skip-tls-verify", action="store_true")
-    p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
-    p.add_argument("--context", default=None, help="kubeconfig context")
-    p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per API call")
-    p.add_argument("--retries", type=int, default=3, help="retries of a 409/429/5xx/no answer")
-    p.add_argument(
-        "--max-age", type=float, default=300.0, help="skip decisions older than this (seconds)"
-    )
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
-def config_from_args(
-    args: argparse.Namespace, service_account_dir: Path = SERVICE_ACCOUNT_DIR
-) -> KubernetesScalerConfig:
-    """The scaler config of parsed ``add_kubernetes_args`` flags; ValueError if inconsistent."""
-    token = args.token
-    if args.token_file:
-        text = _read_text(Path(args.token_file))
-        if text is None or not text.strip():
-            raise ValueError(f"cannot read a token from {args.token_file}")
-        token = text.strip()
-    if args.retries < 0 or args.request_timeout <= 0:
-        raise ValueError("--retries must be >= 0 and --request-timeout > 0")
-    return KubernetesScalerConfig(
-        deployments=parse_deployments(args.deployment),
-        namespace=pick_namespace(args.namespace, _read_text(service_account_dir / "namespace")),
-        auth=args.auth,
-        api_server=args.api_server,
-        token=token,
-        ca_cert=args.ca_cert,
-        insecure_skip_tls_verify=args.insecure_skip_tls_verify,
-        kubeconfig=args.kubeconfig,
-        context=args.context,
-        request_timeout_s=args.request_timeout,
-        retries=args.retries,
-    )
-
-
 async def serve_kubernetes_connector(
     nats_url: str,
     subjects: Subjects,
@@ -401,56 +334,3 @@ async def serve_kubernetes_connector(
             await close_nats(nc)
     finally:
         await scaler.close()
-
-
-async def _serve_until_signal(
-    args: argparse.Namespace, subjects: Subjects, cfg: KubernetesScalerConfig
-) -> int:
-    from kubernetes_asyncio.config import ConfigException
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await serve_kubernetes_connector(
-            args.nats, subjects, args.model, cfg, stop, max_age_s=args.max_age
-        )
-    except (ValueError, ConfigException) as exc:
-        print(f"jetfleet connector kubernetes: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def run_kubernetes_connector(args: argparse.Namespace, subjects: Subjects) -> int:
-    """``jetfleet connector kubernetes``: apply decisions until SIGTERM or SIGINT.
-
-    In a pod (service account ``jetfleet-planner``, infra/deploy/rbac.yaml)::
-
-        jetfleet connector kubernetes --nats nats://nats:4222 --model jetfleet-tiny \\
-            --namespace jetfleet --deployment agg=jetfleet-agg
-
-    From a workstation, through ``kubectl proxy`` or with a token::
-
-        jetfleet connector kubernetes --model jetfleet-tiny --deployment agg=jetfleet-agg \\
-            --api-server https://10.0.0.1:6443 --token-file ./token --ca-cert ./ca.crt
-
-    Exit status 0 after a signal, 2 for unusable flags or credentials.
-    """
-    try:
-        import kubernetes_asyncio  # noqa: F401
-    except ImportError:
-        print(
-            "jetfleet connector kubernetes needs kubernetes_asyncio:"
-            " pip install 'jetfleet[kubernetes]'",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        cfg = config_from_args(args)
-    except ValueError as exc:
-        print(f"jetfleet connector kubernetes: {exc}", file=sys.stderr)
-        return 2
-    import uvloop
-
-    return int(uvloop.run(_serve_until_signal(args, subjects, cfg)))

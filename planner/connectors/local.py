@@ -27,9 +27,9 @@ from typing import Any
 
 import structlog
 
-from infra.supervisor import ProcessGroup, cli_command
+from base.process import ProcessGroup, cli_command
+from base.worker_watch import WorkerWatch
 from planner.connectors.base import ScaleResult
-from planner.fleet_watch import WorkerWatch
 from schemas import ScalingDecided
 
 log = structlog.get_logger("jetfleet.connector.local")

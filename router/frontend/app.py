@@ -16,14 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery, ServedModel
 from router.frontend import asgi
 from router.frontend.metrics import FrontendMetrics
-from router.frontend.responses import DONE, ChatShape, CompletionShape, encode, usage_body
-from router.openai_protocol import (
+from router.frontend.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
     OpenAIError,
     chat_generation_params,
     completion_generation_params,
@@ -31,8 +33,9 @@ from router.openai_protocol import (
     parse_completion_request,
     resolve_max_tokens,
 )
-from router.stops import StopMatcher
-from schemas import Request, RequestObservation, SamplingParams
+from router.frontend.responses import DONE, ChatShape, CompletionShape, encode, usage_body
+from router.frontend.stops import StopMatcher
+from schemas import Request, SamplingParams
 from schemas import encode as wire_encode
 
 log = structlog.get_logger("jetfleet.frontend")
@@ -59,7 +62,7 @@ class Frontend:
     def __init__(
         self,
         cfg: FrontendConfig,
-        nc: Any,
+        nc: NATS,
         discovery: Discovery,
         client: FleetClient,
         metrics: FrontendMetrics,
@@ -170,12 +173,13 @@ class Frontend:
             body = await asgi.read_body(receive)
         except asgi.BodyTooLarge:
             raise OpenAIError(413, "Request body too large") from None
+        creq: ChatCompletionRequest | CompletionRequest
         if chat:
-            creq = parse_chat_request(body)
-            params = chat_generation_params(creq)
+            chat_req = parse_chat_request(body)
+            creq, params = chat_req, chat_generation_params(chat_req)
         else:
-            creq = parse_completion_request(body)
-            params = completion_generation_params(creq)
+            completion_req = parse_completion_request(body)
+            creq, params = completion_req, completion_generation_params(completion_req)
         served = self.discovery.models.get(creq.model)
         if served is None or creq.model not in self.discovery.state.models():
             self.metrics.requests.labels(creq.model, endpoint, "404").inc()
@@ -426,23 +430,14 @@ class Frontend:
             self.metrics.tokens.labels(model, "cached").inc(gen.cached_tokens)
             if gen.attempts > 1:
                 self.metrics.migrations.labels(model).inc(gen.attempts - 1)
-            obs = RequestObservation(
-                request_id=gen.request_id,
-                model=model,
+            obs = gen.observation(
                 status="error" if c.error else status,
-                ts_s=time.time(),
-                worker_id=gen.worker_id,
-                isl_tokens=prompt_len,
-                osl_tokens=osl,
-                cached_tokens=gen.cached_tokens,
-                ttft_s=ttft,
-                itl_s=itl,
-                e2e_s=end - accepted,
-                attempts=gen.attempts,
+                accepted=accepted,
+                first_at=c.first_at,
+                last_at=c.last_at,
+                source=self.frontend_id,
                 finish_reason=c.reason,
                 error=c.error,
-                route=gen.decision,
-                frontend_id=self.frontend_id,
             )
             try:
                 await self.nc.publish(self.subjects.obs(model), wire_encode(obs))

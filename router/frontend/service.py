@@ -10,14 +10,11 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from infra.jetstream import close_nats, connect_nats, connect_redis, ensure_topology
-from router.client import ClientConfig, FleetClient
-from router.discovery import Discovery
-from router.fleet_state import FleetState
+from router.client import ClientConfig
 from router.frontend.app import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
 from router.kv.router import KvRouterConfig
-from router.routers import build_router, warm_router
+from router.stack import RoutingStack, StackConfig
 from schemas import Subjects
 
 log = structlog.get_logger("jetfleet.frontend")
@@ -50,24 +47,18 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 async def run_frontend(cfg: FrontendServiceConfig) -> None:
-    nc = await connect_nats(cfg.nats_url, name=cfg.frontend_id)
-    await ensure_topology(nc.jetstream(), cfg.subjects)
-    redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
-    state = FleetState()
-    router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
-    await warm_router(router)
-    client = FleetClient(nc, cfg.subjects, state, router, cfg.client)
-    discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
-    await discovery.start()
-    client.start()
+    stack = await RoutingStack.open(
+        StackConfig(cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client),
+        name=cfg.frontend_id,
+    )
     app = Frontend(
         cfg.http,
-        nc,
-        discovery,
-        client,
+        stack.nc,
+        stack.discovery,
+        stack.client,
         FrontendMetrics(CollectorRegistry()),
         cfg.frontend_id,
-        redis if cfg.router == "kv" else None,
+        stack.redis if cfg.router == "kv" else None,
     )
     sock = listening_socket(cfg.host, cfg.port)
     server = uvicorn.Server(
@@ -92,9 +83,5 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     try:
         await server.serve(sockets=[sock])
     finally:
-        await client.stop()
-        await discovery.stop()
-        await close_nats(nc)
-        if redis is not None:
-            await redis.aclose()
+        await stack.close()
         log.info("frontend_stopped", frontend_id=cfg.frontend_id)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.kv.routing import RouteCall, RouteOutcome, pick
+from router.kv.routing import RouteCall, RouteOutcome, pick, route_cost
 from router.kv.translate import ClearOp, IndexOp, RemoveOp, StoreOp
 
 
@@ -166,8 +166,11 @@ class InMemoryPrefixIndex:
             ad = max(d, c.reported_decode_blocks)
             ov = max(overlap.get(c.worker_id, 0), c.hint_overlap_blocks)
             overlaps.append(ov)
-            need = max(ap + call.new_blocks - ov, 0) + call.prefill_overhead_blocks
-            costs.append(call.prefill_weight * need + ad + call.new_blocks)
+            costs.append(
+                route_cost(
+                    call.prefill_weight, ap, ad, call.new_blocks, ov, call.prefill_overhead_blocks
+                )
+            )
             loads.append(ap + ad)
         i = pick(costs, call.temperature, call.rand)
         winner = call.candidates[i].worker_id

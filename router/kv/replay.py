@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.stream_read import Recorded, read_messages
+from nats.js import JetStreamContext
+
+from base.stream_read import Recorded, read_messages
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.translate import EventTranslator, fleet_hashes_for_prompt
 from schemas import KvEventBatch, Request, RouteDecision, Subjects, WireDecodeError, decode
@@ -76,7 +78,7 @@ def first_attempt(requests: list[Recorded], request_id: str) -> tuple[Request, R
 
 
 async def replay_kv(
-    js: Any,
+    js: JetStreamContext,
     subjects: Subjects,
     at_s: float | None,
     request_id: str | None,

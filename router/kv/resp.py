@@ -9,7 +9,7 @@ callers share the connection without waiting for each other; a cancelled caller'
 and dropped, so the order never slips. Measured: a GET 46 µs p50 instead of 200 µs (uvloop).
 
 Supported: plain TCP or unix-socket connections with an optional username/password and db —
-what ``infra.jetstream.connect_redis`` builds from ``redis://`` and ``unix://`` URLs. For any other
+what ``base.topology.connect_redis`` builds from ``redis://`` and ``unix://`` URLs. For any other
 client (TLS, Sentinel, a custom connection class) ``for_client`` returns None and callers keep
 using redis-py.
 

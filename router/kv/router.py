@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from router.fleet_state import WorkerView
 from router.kv.index import InMemoryPrefixIndex, PrefixIndex
-from router.kv.routing import CandidateLoad, RouteCall, pick
+from router.kv.routing import CandidateLoad, RouteCall, pick, route_cost
 from router.kv.translate import RemoveOp, StoreOp, fleet_hashes_for_prompt
 from router.policies import RouteQuery
 from schemas import RouteCandidate, RouteDecision
@@ -47,10 +47,15 @@ from schemas import RouteCandidate, RouteDecision
 @dataclass(frozen=True)
 class KvRouterConfig:
     prefill_weight: float = 8.0
+    """Weight of the blocks a worker must prefill against its decode load, in the cost."""
     prefill_overhead_blocks: int = 4
+    """What one prefill costs beyond its tokens, in blocks."""
     temperature: float = 8.0
+    """Softmax temperature over costs, in blocks (0: the lowest cost always wins)."""
     reservation_ttl_s: float = 120.0
+    """A routed request's reservation in Redis expires after this long if never released."""
     approx_ttl_s: float = 120.0
+    """approx: how long a route is remembered as cached on its worker."""
     hint_ttl_s: float = 5.0  # kv: trust this router's own recent routes for this long (0: off)
     load_report_max_age_s: float = 5.0  # older reports are ignored
 
@@ -183,7 +188,17 @@ class ApproxKvRouter:
             ov = overlaps.get(v.worker_id, 0)
             # load: this router's in-flight requests, each taken as a prompt's worth of blocks
             load = float(v.in_flight * new_blocks)
-            costs.append(self.cfg.prefill_weight * max(new_blocks - ov, 0) + load + new_blocks)
+            # no reservations here: the prompt's own prefill is all the prefill it knows of
+            costs.append(
+                route_cost(
+                    self.cfg.prefill_weight,
+                    0,
+                    load,
+                    new_blocks,
+                    ov,
+                    self.cfg.prefill_overhead_blocks,
+                )
+            )
         i = pick(costs, self.cfg.temperature, self._rng.random())
         winner = candidates[i].worker_id
         await self._recent.record(now, query.model, winner, hashes)

@@ -56,6 +56,20 @@ class RouteOutcome:
     loads: tuple[float, ...]  # active prefill + decode blocks used in the cost
 
 
+def route_cost(
+    prefill_weight: float,
+    active_prefill_blocks: float,
+    active_decode_blocks: float,
+    new_blocks: int,
+    overlap_blocks: int,
+    prefill_overhead_blocks: int,
+) -> float:
+    """The cost above: the one rule of the in-memory index and the approximate router (the
+    Lua ``route`` script is its mirror, held to it by the index contract and equivalence tests)."""
+    need = max(active_prefill_blocks + new_blocks - overlap_blocks, 0) + prefill_overhead_blocks
+    return prefill_weight * need + active_decode_blocks + new_blocks
+
+
 def pick(costs: list[float], temperature: float, rand: float) -> int:
     """Index of the winner (same rule as the Lua script)."""
     import math

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from base.process import ProcessGroup, cli_command, wait_http_ok
 from infra.embedded import EmbeddedNats, EmbeddedRedis
-from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
 from tests.e2e.fleet import free_port
 
 

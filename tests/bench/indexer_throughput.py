@@ -25,10 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from base.connect import close_nats, connect_nats, connect_redis
+from base.logs import configure_logging
+from base.process import ProcessGroup, cli_command
+from base.topology import ensure_topology
 from infra.embedded import EmbeddedNats, EmbeddedRedis
-from infra.jetstream import close_nats, connect_nats, connect_redis, ensure_topology
-from infra.logs import configure_logging
-from infra.supervisor import ProcessGroup, cli_command
 from router.kv.keys import KvKeys
 from schemas import KvEventBatch, Subjects, encode
 from schemas.hashing import block_hashes

@@ -27,9 +27,9 @@ import time
 
 import uvloop
 
+from base.connect import connect_redis
+from base.logs import configure_logging
 from infra.embedded import EmbeddedRedis
-from infra.jetstream import connect_redis
-from infra.logs import configure_logging
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.routing import CandidateLoad, RouteCall

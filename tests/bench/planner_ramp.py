@@ -38,13 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from base.connect import close_nats, connect_nats
+from base.logs import configure_logging
+from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.topology import ensure_topology
+from base.worker_watch import WorkerWatch
 from infra.embedded import EmbeddedNats
-from infra.jetstream import close_nats, connect_nats, ensure_topology
-from infra.logs import configure_logging
-from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
 from planner.connectors.base import ConnectorService
 from planner.connectors.local import LocalScaler, LocalScalerConfig
-from planner.fleet_watch import WorkerWatch
 from schemas import ScalingDecided, Subjects, decode
 from tests.bench.loadgen import Connection, RequestResult, percentile, random_prompt
 from tests.e2e.fleet import free_port

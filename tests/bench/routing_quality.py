@@ -19,7 +19,7 @@ import statistics
 import string
 import sys
 
-from infra.logs import configure_logging
+from base.logs import configure_logging
 from tests.bench.fleetctl import BenchFleet
 from tests.bench.loadgen import percentile, run_level
 

@@ -18,7 +18,7 @@ import json
 import sys
 import urllib.request
 
-from infra.logs import configure_logging
+from base.logs import configure_logging
 from tests.bench.fleetctl import BenchFleet
 from tests.bench.loadgen import run_level, summarize
 from tests.bench.procstat import CpuMeter

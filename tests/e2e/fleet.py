@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, cli_command, wait_http_ok
 
 
 def free_port() -> int:

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from infra.jetstream import connect_nats
-from infra.supervisor import cli_command
+from base.connect import connect_nats
+from base.process import cli_command
 from schemas import ScalingDecided, ScalingStatus, Subjects, decode
 from tests.e2e.fleet import Fleet
 from tests.helpers import wait_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from infra.jetstream import connect_redis
+from base.connect import connect_redis
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt
@@ -94,7 +94,7 @@ async def test_departed_worker_blocks_are_dropped(kv_fleet):
 async def test_replay_kv_explains_why_a_request_went_where_it_went(kv_fleet):
     import time
 
-    from infra.jetstream import close_nats, connect_nats
+    from base.connect import close_nats, connect_nats
     from router.kv.replay import replay_kv
     from schemas import Subjects
 
@@ -139,7 +139,7 @@ async def _indexed(fleet, worker_id: str, prompt: str) -> bool:
 
 
 async def test_kv_resync_republishes_a_workers_cache(kv_fleet):
-    from infra.jetstream import close_nats, connect_nats
+    from base.connect import close_nats, connect_nats
     from schemas import ControlReply, ControlRequest, KvEventBatch, Subjects, decode, encode
     from schemas.kv_events import BlockStored
 

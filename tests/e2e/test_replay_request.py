@@ -10,9 +10,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from infra.jetstream import close_nats, connect_nats
+from base.connect import close_nats, connect_nats
+from base.process import cli_command
 from infra.replay_request import request_timeline
-from infra.supervisor import cli_command
 from schemas import Request, RequestObservation, Subjects, TokenChunk
 from tests.helpers import wait_for
 

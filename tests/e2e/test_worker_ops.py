@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from infra.supervisor import wait_http_ok
+from base.process import wait_http_ok
 from tests.e2e.fleet import Fleet, free_port
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def test_vllm_engine_without_vllm_fails_clearly() -> None:
     import importlib.util
     import subprocess
 
-    from infra.supervisor import cli_command
+    from base.process import cli_command
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from base.connect import close_nats, connect_nats, connect_redis
 from infra import embedded
 from infra.embedded import (
     EmbeddedNats,
@@ -18,7 +19,6 @@ from infra.embedded import (
     find_binary,
     port_is_open,
 )
-from infra.jetstream import close_nats, connect_nats, connect_redis
 
 pytestmark = pytest.mark.integration
 

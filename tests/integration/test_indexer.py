@@ -8,7 +8,8 @@ import contextlib
 import pytest
 from prometheus_client import CollectorRegistry
 
-from infra.jetstream import connect_redis, ensure_topology
+from base.connect import connect_redis
+from base.topology import ensure_topology
 from router.indexer import Indexer, IndexerConfig, IndexerMetrics
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.translate import EventTranslator

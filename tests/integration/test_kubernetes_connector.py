@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from infra.jetstream import ensure_topology
-from infra.supervisor import cli_command
+from base.process import cli_command
+from base.topology import ensure_topology
 from planner.connectors.base import connector_consumer
 from planner.connectors.kubernetes import (
     KubernetesScaler,

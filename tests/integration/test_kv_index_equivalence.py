@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from infra.jetstream import connect_redis
+from base.connect import connect_redis
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex

@@ -3,7 +3,7 @@ import uuid
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from infra.jetstream import connect_redis
+from base.connect import connect_redis
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.routing import CandidateLoad, RouteCall

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from infra.jetstream import connect_redis
+from base.connect import connect_redis
 from router.fleet_state import FleetState
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex

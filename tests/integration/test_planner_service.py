@@ -9,10 +9,10 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from infra.jetstream import ensure_topology
+from base.topology import ensure_topology
+from base.worker_watch import WorkerWatch
 from planner.capacity import CapacityProfile
 from planner.config import PlannerConfig
-from planner.fleet_watch import WorkerWatch
 from planner.replay import replay_planner
 from planner.service import PlannerService, PlannerServiceConfig
 from schemas import (

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from base.topology import ensure_topology
 from infra.cli import build_parser
-from infra.jetstream import ensure_topology
+from infra.profile import run_profile
 from planner.capacity import load_profile, mocker_profile
-from planner.profile import run_profile
 from schemas import Subjects
 from tests.e2e.fleet import Fleet
 

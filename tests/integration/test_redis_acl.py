@@ -12,8 +12,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
+from base.connect import connect_redis
+from base.topology import ensure_topology
 from infra.embedded import EmbeddedRedis
-from infra.jetstream import connect_redis, ensure_topology
 from router.fleet_state import FleetState
 from router.indexer import Indexer, IndexerConfig, IndexerMetrics
 from router.kv.keys import KvKeys

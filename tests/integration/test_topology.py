@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from nats.js import JetStreamContext
 
-from infra.jetstream import (
+from base.topology import (
     KV_STREAM,
     OBJ_STREAM,
     TopologyConflictError,

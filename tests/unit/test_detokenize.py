@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from router.modelcard import default_model_dir, load_model_dir
-from router.tokenization import ModelTokenizer
-from workers.detokenize import IncrementalDetokenizer
+from model.card import default_model_dir, load_model_dir
+from model.detokenize import IncrementalDetokenizer
+from model.tokenizer import ModelTokenizer
 
 TEXTS = [
     "plain ascii",

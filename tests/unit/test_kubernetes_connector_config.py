@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.cli.connectors import add_kubernetes_args, config_from_args
 from planner.connectors.kubernetes import (
     NO_ANSWER,
     KubernetesScalerConfig,
-    add_kubernetes_args,
     api_error_detail,
-    config_from_args,
     parse_deployments,
     pick_namespace,
     resolve_auth,

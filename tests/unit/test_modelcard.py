@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from router.modelcard import (
+from model.card import (
     LocalModel,
     ModelDirError,
     default_model_dir,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.openai_protocol import (
+from router.frontend.openai_protocol import (
     GenerationParams,
     OpenAIError,
     chat_generation_params,

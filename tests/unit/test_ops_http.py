@@ -6,7 +6,7 @@ import json
 
 from prometheus_client import CollectorRegistry, Counter
 
-from infra.ops_http import ops_app
+from base.ops_http import ops_app
 
 
 def call(app, path: str) -> tuple[str, bytes]:

@@ -8,10 +8,10 @@ import random
 import msgspec
 import pytest
 
+from base.worker_watch import ready_counts
 from planner.capacity import CapacityProfile
 from planner.config import PlannerConfig
 from planner.core import PlannerState, plan
-from planner.fleet_watch import ready_counts
 from planner.records import (
     IntervalCollector,
     apply_settings,

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from infra.profile import add_profile_args, config_from_args
 from planner.capacity import CapacityProfile
 from planner.config import PlannerConfig
-from planner.profile import add_profile_args, config_from_args
 from planner.profile_fit import (
     PhaseCapacity,
     ProfileConfig,

@@ -1,6 +1,6 @@
 import pytest
 
-from router.stops import StopMatcher
+from router.frontend.stops import StopMatcher
 
 
 def run(stops: list[str], pieces: list[str]) -> tuple[str, bool]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from router.modelcard import default_model_dir, load_model_dir
-from router.tokenization import ChatTemplateError, ModelTokenizer
+from model.card import default_model_dir, load_model_dir
+from model.tokenizer import ChatTemplateError, ModelTokenizer
 
 
 @pytest.fixture(scope="module")

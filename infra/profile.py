@@ -56,13 +56,13 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 import uvloop
+from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
-from infra.jetstream import close_nats, connect_nats
+from base.connect import close_nats, connect_nats
 from planner.capacity import CapacityProfile, save_profile
 from planner.profile_fit import (
     Phase,
@@ -323,7 +323,7 @@ def _check_lengths(cfg: ProfileConfig, context_length: int) -> None:
 
 
 async def measure_profile(
-    nc: Any,
+    nc: NATS,
     subjects: Subjects,
     worker_id: str | None,
     cfg: ProfileConfig | None = None,

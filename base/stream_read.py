@@ -8,10 +8,9 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import api
+from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
 
@@ -25,7 +24,7 @@ class Recorded:
 
 
 async def read_range(
-    js: Any,
+    js: JetStreamContext,
     stream: str,
     subjects: Sequence[str],
     start_seq: int = 1,
@@ -43,7 +42,7 @@ async def read_range(
 
 
 async def read_messages(
-    js: Any,
+    js: JetStreamContext,
     stream: str,
     subjects: Sequence[str],
     start_seq: int = 1,
@@ -98,7 +97,9 @@ async def read_messages(
             await psub.unsubscribe()
 
 
-async def last_per_subject(js: Any, stream: str, subject: str) -> list[tuple[int, str, bytes]]:
+async def last_per_subject(
+    js: JetStreamContext, stream: str, subject: str
+) -> list[tuple[int, str, bytes]]:
     """The newest message of every subject matching ``subject`` (a wildcard), in seq order."""
     try:
         info = await js.stream_info(stream, subjects_filter=subject)
@@ -109,5 +110,5 @@ async def last_per_subject(js: Any, stream: str, subject: str) -> list[tuple[int
     for name in subjects:
         with contextlib.suppress(NotFoundError):
             raw = await js.get_last_msg(stream, name)
-            out.append((raw.seq, name, raw.data or b""))
+            out.append((raw.seq or 0, name, raw.data or b""))
     return sorted(out)

@@ -18,21 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from infra.cli.components import add_common, add_engine, engine_argv
 from schemas import Subjects
 
 COMMANDS = ("planner", "connector", "replay", "profile")
-
-ENGINE_FLAGS = [
-    "model",
-    "served_model_name",
-    "engine",
-    "speedup",
-    "num_gpu_blocks",
-    "block_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "no_prefix_caching",
-]
 
 
 def served_name(args: argparse.Namespace) -> str:
@@ -82,12 +71,9 @@ def planner_flags(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def add_commands(
-    sub: Any,
-    common: Callable[[argparse.ArgumentParser], None],
-    engine_args: Callable[[argparse.ArgumentParser], None],
-) -> None:
-    from planner.settings import add_planner_args
+def add_commands(sub: Any) -> None:
+    common, engine_args = add_common, add_engine
+    from infra.cli.planner_args import add_planner_args
 
     pl = sub.add_parser("planner", help="plan replicas from the metric stream, publish decisions")
     common(pl)
@@ -105,7 +91,7 @@ def add_commands(
     engine_args(loc)
     loc.add_argument("--initial", action="append", default=[], metavar="ROLE=N")
     loc.add_argument("--log-dir", default=".jetfleet/logs")
-    from planner.connectors.kubernetes import add_kubernetes_args
+    from infra.cli.connectors import add_kubernetes_args
 
     k8s = csub.add_parser("kubernetes", help="set Deployment replicas via the Kubernetes API")
     common(k8s)
@@ -144,7 +130,7 @@ def add_commands(
     rrq.add_argument("--from", dest="from_", default="1h", help="15m (ago), epoch or ISO 8601")
     rrq.add_argument("--json", action="store_true")
 
-    from planner.profile import add_profile_args
+    from infra.profile import add_profile_args
 
     pf = sub.add_parser("profile", help="measure a worker's capacity profile")
     common(pf)
@@ -163,8 +149,8 @@ def _pairs(items: list[str]) -> dict[str, int]:
 
 def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], Any]) -> int:
     if args.cmd == "planner":
+        from infra.cli.planner_args import planner_config
         from planner.service import PlannerServiceConfig, run_planner
-        from planner.settings import planner_config
 
         cfg = PlannerServiceConfig(
             nats_url=args.nats,
@@ -179,13 +165,13 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         runner(run_planner(cfg))
         return 0
     if args.cmd == "connector" and args.connector == "local":
-        from planner.connectors.run import local_config, run_local_connector
+        from infra.cli.connectors import local_config, run_local_connector
 
         scaler = local_config(
             args.nats,
             subjects.prefix,
             args.log_dir,
-            passthrough(args, ENGINE_FLAGS),
+            engine_argv(args),
             args.log_level,
         )
         return int(
@@ -196,7 +182,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
             )
         )
     if args.cmd == "connector" and args.connector == "kubernetes":
-        from planner.connectors.kubernetes import run_kubernetes_connector
+        from infra.cli.connectors import run_kubernetes_connector
 
         return int(run_kubernetes_connector(args, subjects))
     if args.cmd == "replay" and args.replay == "traffic":
@@ -208,14 +194,14 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
     if args.cmd == "replay":
         return int(runner(_replay(args, subjects)))
     if args.cmd == "profile":
-        from planner.profile import run_profile
+        from infra.profile import run_profile
 
         return int(run_profile(args, subjects))
     return 2
 
 
 async def _replay(args: argparse.Namespace, subjects: Subjects) -> int:
-    from infra.jetstream import close_nats, connect_nats
+    from base.connect import close_nats, connect_nats
     from planner.replay import parse_time, print_report, replay_planner
 
     try:
@@ -240,7 +226,7 @@ async def _replay(args: argparse.Namespace, subjects: Subjects) -> int:
 
 
 async def _replay_request(args: argparse.Namespace, subjects: Subjects) -> int:
-    from infra.jetstream import close_nats, connect_nats
+    from base.connect import close_nats, connect_nats
     from infra.replay_request import print_timeline, request_timeline
     from planner.replay import parse_time
 
@@ -259,7 +245,7 @@ async def _replay_request(args: argparse.Namespace, subjects: Subjects) -> int:
 
 
 async def _replay_kv(args: argparse.Namespace, subjects: Subjects) -> int:
-    from infra.jetstream import close_nats, connect_nats
+    from base.connect import close_nats, connect_nats
     from infra.tools import load_cards
     from planner.replay import parse_time
     from router.kv.replay import print_kv, replay_kv

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from router.tokenization import ModelTokenizer
+from model.tokenizer import ModelTokenizer
 
 PROMPT_CONTEXT_TOKENS = 6  # prompt ids that seed the stream (vLLM uses 5 for the same purpose)
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from schemas import DeadLetter, Subjects, encode
 
 log = structlog.get_logger("jetfleet.dlq")
 
 
-async def dead_letter(nc: Any, subjects: Subjects, component: str, msg: Any, reason: str) -> None:
+async def dead_letter(nc: NATS, subjects: Subjects, component: str, msg: Msg, reason: str) -> None:
     """Publish ``msg`` (a nats-py Msg) with ``reason`` to {prefix}.dlq.{component}.
 
     Never raises: a failure to dead-letter is logged, and the consumer carries on.

@@ -1,0 +1,113 @@
+"""A light view of discovery: the registrations in the workers bucket, no model cards or
+tokenizers. The planner asks it how many ready workers each (model, role) has right now; the
+indexer asks it to say when a worker joins and when it is gone (deleted, or no heartbeat within
+its TTL, measured on this process's clock like the router's discovery).
+
+A worker counts while its heartbeat is fresh and its status is ``ready``; a draining worker is
+already on its way out and does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js.kv import KeyValue
+
+from schemas import Subjects, WireDecodeError, WorkerRegistration, decode
+from schemas.streams import WORKERS_BUCKET
+
+log = structlog.get_logger("jetfleet.workers")
+
+
+def ready_counts(
+    regs: dict[str, WorkerRegistration], model: str, roles: tuple[str, ...], now_s: float
+) -> dict[str, int]:
+    """Ready workers with a fresh heartbeat per role of ``model`` (every role in ``roles``)."""
+    counts = dict.fromkeys(roles, 0)
+    for reg in regs.values():
+        fresh = now_s - reg.heartbeat_at_s <= reg.ttl_s
+        if reg.model == model and reg.status == "ready" and fresh and reg.role in counts:
+            counts[reg.role] += 1
+    return counts
+
+
+class WorkerWatch:
+    def __init__(
+        self,
+        nc: NATS,
+        subjects: Subjects,
+        on_joined: Callable[[str], None] | None = None,
+        on_gone: Callable[[str], None] | None = None,
+        expire_every_s: float = 1.0,
+    ) -> None:
+        self.js = nc.jetstream()
+        self.subjects = subjects
+        self.regs: dict[str, WorkerRegistration] = {}
+        self.live: dict[str, float] = {}  # worker -> when this process last saw it (monotonic)
+        self.synced = asyncio.Event()
+        self._on_joined = on_joined
+        self._on_gone = on_gone
+        self._expire_every_s = expire_every_s
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watcher: KeyValue.KeyWatcher | None = None
+
+    async def start(self) -> None:
+        kv = await self.js.key_value(self.subjects.bucket_name(WORKERS_BUCKET))
+        self._watcher = await kv.watchall()
+        self._tasks.append(asyncio.create_task(self._watch(self._watcher)))
+        if self._on_gone is not None:
+            self._tasks.append(asyncio.create_task(self._expire_loop()))
+        await self.synced.wait()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()  # type: ignore[no-untyped-call]
+
+    def counts(self, model: str, roles: tuple[str, ...]) -> dict[str, int]:
+        return ready_counts(self.regs, model, roles, time.time())
+
+    def _gone(self, worker_id: str, why: str) -> None:
+        if self.live.pop(worker_id, None) is not None and self._on_gone is not None:
+            log.info("worker_gone", worker_id=worker_id, why=why)
+            self._on_gone(worker_id)
+
+    async def _watch(self, watcher: KeyValue.KeyWatcher) -> None:
+        async for entry in watcher:
+            if entry is None:
+                self.synced.set()
+                continue
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                self.regs.pop(entry.key, None)
+                self._gone(entry.key, "deregistered")
+                continue
+            try:
+                reg = decode(entry.value, WorkerRegistration)
+            except WireDecodeError as exc:
+                log.warning("bad_registration", key=entry.key, error=str(exc))
+                continue
+            self.regs[entry.key] = reg
+            if time.time() - reg.heartbeat_at_s > reg.ttl_s:
+                continue  # a stale entry left by a dead worker
+            known = entry.key in self.live
+            self.live[entry.key] = time.monotonic()
+            if not known and self._on_joined is not None:
+                self._on_joined(entry.key)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._expire_every_s)
+            now = time.monotonic()
+            for worker_id, seen in list(self.live.items()):
+                reg = self.regs.get(worker_id)
+                if reg is None or now - seen > reg.ttl_s:
+                    self._gone(worker_id, "expired")

@@ -1,0 +1,52 @@
+"""``jetfleet``: one command for every component and tool.
+
+  jetfleet up                      the whole local fleet on embedded NATS + Redis (Ctrl-C stops it)
+  jetfleet servers                 only the embedded NATS + Redis
+  jetfleet infra init              create/update streams, buckets, object stores
+  jetfleet frontend | worker | router-service | indexer     one service process
+  jetfleet publish "prompt"        a NATS-only client: submit, stream the answer
+  jetfleet status [--json]         live workers, roles, load, KV usage, heartbeat age
+  jetfleet planner | connector | replay | profile           scaling and debugging
+
+``jetfleet COMMAND --help`` lists a command's flags with their defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from infra.cli import fleet, planner, serve
+
+
+def _run(coro: Coroutine[Any, Any, Any]) -> Any:
+    import uvloop
+
+    return uvloop.run(coro)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="jetfleet", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    fleet.add_commands(sub)
+    serve.add_commands(sub)
+    planner.add_commands(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from base.logs import configure_logging
+    from schemas import Subjects
+
+    configure_logging(args.log_level, args.log_format)
+    subjects = Subjects(args.subject_prefix)
+    for family in (fleet, serve, planner):
+        if args.cmd in family.COMMANDS:
+            return int(family.run(args, subjects, _run))
+    print(f"jetfleet: unknown command {args.cmd}", file=sys.stderr)
+    return 2

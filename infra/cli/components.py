@@ -1,0 +1,178 @@
+"""Each component's command-line flags, declared once from its config class (``flags.py``).
+
+The ``jetfleet`` commands add these sets to their parsers and build the configs from them;
+``jetfleet up`` and the local connector pass them on to the processes they start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from infra.cli.flags import ConfigFlags, Flag
+from router.client import ClientConfig
+from router.frontend.app import FrontendConfig
+from router.indexer import IndexerConfig
+from router.kv.router import KvRouterConfig
+from router.policies import POLICY_NAMES
+from workers.config import WorkerConfig
+from workers.engines.mocker.config import MockerConfig
+from workers.engines.vllm.config import VllmEngineConfig
+
+DEFAULT_NATS = os.environ.get("JETFLEET_NATS_URL", "nats://127.0.0.1:14222")
+DEFAULT_REDIS = os.environ.get("JETFLEET_REDIS_URL", "redis://127.0.0.1:16379/0")
+
+MOCKER = ConfigFlags(
+    MockerConfig,
+    "num_gpu_blocks",
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    Flag("enable_prefix_caching", "--prefix-caching"),
+    Flag("enable_chunked_prefill", "--chunked-prefill"),
+    Flag("speedup", help="mocker: divisor of simulated time (1 = real time)"),
+    "watermark",
+    title="engine (the mocker's flags; vLLM reads the shared ones too)",
+)
+
+VLLM = ConfigFlags(
+    VllmEngineConfig,
+    Flag("model", "--vllm-model", help="weights: HF id or dir (default: --model)"),
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "dtype",
+    "quantization",
+    "enforce_eager",
+    "enable_sleep_mode",
+    "enable_lora",
+    "max_loras",
+    "max_lora_rank",
+    "kv_events",
+    "kv_events_endpoint",
+    "kv_replay_endpoint",
+    "kv_connector",
+    "kv_role",
+    title="vLLM engine (--engine vllm; pip install 'jetfleet[vllm]')",
+)
+
+WORKER = ConfigFlags(
+    WorkerConfig,
+    "role",
+    "worker_id",
+    "metrics_port",
+    "metrics_host",
+    Flag("flush_interval_s", "--flush-interval-ms", scale=1000.0),
+    Flag("max_flush_interval_s", "--max-flush-interval-ms", scale=1000.0),
+    "heartbeat_interval_s",
+    "ttl_s",
+    "ack_wait_s",
+    "drain_timeout_s",
+    "max_pending_requests",
+    title="worker",
+)
+
+KV = ConfigFlags(
+    KvRouterConfig,
+    "prefill_weight",
+    Flag("prefill_overhead_blocks", "--kv-prefill-overhead"),
+    "temperature",
+    "reservation_ttl_s",
+    "hint_ttl_s",
+    "load_report_max_age_s",
+    prefix="kv_",
+    title="kv router (--router kv / approx)",
+)
+
+CLIENT = ConfigFlags(
+    ClientConfig,
+    "stall_timeout_s",
+    "max_attempts",
+    "max_waiting_per_worker",
+    "wait_for_worker_s",
+    title="requests in flight",
+)
+
+# the router service waits a little for a first worker: NATS clients may publish before one is up
+SERVICE_CLIENT = ConfigFlags(
+    ClientConfig,
+    "stall_timeout_s",
+    "max_attempts",
+    "max_waiting_per_worker",
+    Flag("wait_for_worker_s", default=5.0),
+    title="requests in flight",
+)
+
+FRONTEND = ConfigFlags(
+    FrontendConfig,
+    Flag(
+        "api_keys",
+        "--api-key",
+        help="require this bearer key on /v1/* (repeatable; env JETFLEET_API_KEYS)",
+    ),
+    "retry_after_s",
+    title="HTTP",
+)
+
+INDEXER = ConfigFlags(
+    IndexerConfig,
+    "batch_max",
+    "leader_ttl_ms",
+    "metrics_port",
+    "metrics_host",
+    Flag("snapshot_every_s", "--snapshot-every"),
+    title="indexer",
+)
+
+
+def add_common(p: argparse.ArgumentParser, nats: bool = True) -> None:
+    if nats:
+        p.add_argument("--nats", default=DEFAULT_NATS, help="NATS URL (env JETFLEET_NATS_URL)")
+    p.add_argument("--subject-prefix", default="fleet", help="subject/stream prefix of the fleet")
+    p.add_argument("--log-level", default=os.environ.get("JETFLEET_LOG_LEVEL", "info"))
+    p.add_argument("--log-format", choices=["json", "console"], default="json")
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=None, help="HF-style model dir (default: shipped tiny card)")
+    g.add_argument("--served-model-name", default=None)
+    g.add_argument("--engine", choices=["mocker", "vllm"], default="mocker")
+
+
+MODEL_FLAGS = ("model", "served_model_name", "engine")
+
+
+def add_engine(p: argparse.ArgumentParser) -> None:
+    """The model and the mocker's engine flags (what a worker pool is started with)."""
+    add_model(p)
+    MOCKER.add_to(p)
+
+
+def engine_argv(args: argparse.Namespace) -> list[str]:
+    """The model and engine flags that start workers like the ones ``args`` describe."""
+    out: list[str] = []
+    for name in MODEL_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and not (name == "engine" and value == "mocker"):
+            out += ["--" + name.replace("_", "-"), str(value)]
+    return out + MOCKER.argv(args)
+
+
+def add_routing(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("routing")
+    g.add_argument("--router", choices=POLICY_NAMES, default="kv")
+    g.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
+    KV.add_to(p)
+
+
+def routing_argv(args: argparse.Namespace) -> list[str]:
+    return ["--router", str(args.router), *KV.argv(args), *CLIENT.argv(args)]
+
+
+def redis_for(args: argparse.Namespace) -> str | None:
+    """The Redis URL when the router needs Redis (``kv``), else None."""
+    return str(args.redis) if args.router == "kv" else None

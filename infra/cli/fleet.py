@@ -1,0 +1,85 @@
+"""The fleet commands: ``jetfleet up | servers | infra init | publish | status``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from infra.cli.components import CLIENT, add_common, add_engine, add_routing
+from infra.cli.planner_args import add_planner_args
+from schemas import Subjects
+
+COMMANDS = ("up", "servers", "infra", "publish", "status")
+
+
+def add_commands(sub: Any) -> None:
+    up = sub.add_parser("up", help="run the whole local fleet on embedded servers")
+    add_common(up, nats=False)
+    g = up.add_argument_group("fleet")
+    g.add_argument("--workers", type=int, default=2, help="workers to start (default: 2)")
+    g.add_argument("--host", default="127.0.0.1", help="frontend address (default: 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="frontend port (default: 8000)")
+    g.add_argument("--nats-port", type=int, default=14222, help="embedded NATS (default: 14222)")
+    g.add_argument("--redis-port", type=int, default=16379, help="embedded Redis (default: 16379)")
+    g.add_argument("--state-dir", default=".jetfleet", help="server data and process logs")
+    g.add_argument(
+        "--planner",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="autoscale (default): planner + local connector own the workers, --workers is "
+        "the start; --no-planner: a fixed fleet of --workers",
+    )
+    add_engine(up)
+    add_routing(up)
+    CLIENT.add_to(up)
+    add_planner_args(up)
+
+    srv = sub.add_parser("servers", help="run only the embedded NATS and Redis")
+    add_common(srv, nats=False)
+    srv.add_argument("--nats-port", type=int, default=14222)
+    srv.add_argument("--redis-port", type=int, default=16379)
+    srv.add_argument("--state-dir", default=".jetfleet")
+
+    infra = sub.add_parser("infra", help="infrastructure")
+    isub = infra.add_subparsers(dest="infra_cmd", required=True)
+    init = isub.add_parser("init", help="create or update all streams, buckets, object stores")
+    add_common(init)
+    init.add_argument("--replicas", type=int, default=1)
+
+    pub = sub.add_parser("publish", help="submit a request over NATS only and stream the answer")
+    add_common(pub)
+    pub.add_argument("prompt", help="user message (chat template applied) or raw text with --raw")
+    pub.add_argument("--model", default=None, help="served model name (default: the only one)")
+    pub.add_argument("--max-tokens", type=int, default=64)
+    pub.add_argument("--seed", type=int, default=None)
+    pub.add_argument("--raw", action="store_true", help="no chat template")
+    pub.add_argument("--json", action="store_true", help="print each TokenChunk as JSON")
+
+    st = sub.add_parser("status", help="the live fleet")
+    add_common(st)
+    st.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], Any]) -> int:
+    if args.cmd == "up":
+        from infra.up import run_up
+
+        return run_up(args, subjects)
+    if args.cmd == "servers":
+        from infra.up import run_servers
+
+        return run_servers(args)
+    if args.cmd == "infra":
+        from infra.tools import infra_init
+
+        return int(runner(infra_init(args.nats, subjects, args.replicas)))
+    if args.cmd == "publish":
+        from infra.tools import publish
+
+        return int(runner(publish(args, subjects)))
+    if args.cmd == "status":
+        from infra.tools import status
+
+        return int(runner(status(args.nats, subjects, args.json)))
+    return 2

@@ -1,0 +1,160 @@
+"""The service commands: ``jetfleet frontend | worker | router-service | indexer``.
+
+Each builds its component's config from the flags declared in ``components.py`` and runs it until
+SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from infra.cli.components import (
+    CLIENT,
+    DEFAULT_REDIS,
+    FRONTEND,
+    INDEXER,
+    KV,
+    MOCKER,
+    SERVICE_CLIENT,
+    VLLM,
+    WORKER,
+    add_common,
+    add_engine,
+    add_routing,
+    redis_for,
+)
+from schemas import Subjects
+
+COMMANDS = ("frontend", "worker", "router-service", "indexer")
+Runner = Callable[[Any], Any]
+
+
+def add_commands(sub: Any) -> None:
+    fe = sub.add_parser("frontend", help="OpenAI-compatible HTTP frontend")
+    add_common(fe)
+    fe.add_argument("--host", default="127.0.0.1")
+    fe.add_argument("--port", type=int, default=8000)
+    add_routing(fe)
+    CLIENT.add_to(fe)
+    FRONTEND.add_to(fe)
+
+    wk = sub.add_parser("worker", help="a worker process (mocker or vllm engine)")
+    add_common(wk)
+    add_engine(wk)
+    WORKER.add_to(wk)
+    VLLM.add_to(wk)
+    wk.add_argument(
+        "--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="any other AsyncEngineArgs field (value parsed as JSON when it is JSON)",
+    )  # fmt: skip
+
+    ix = sub.add_parser("indexer", help="KV indexer: FLEET_KV -> Redis prefix index")
+    add_common(ix)
+    ix.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
+    INDEXER.add_to(ix)
+
+    rs = sub.add_parser("router-service", help="route requests NATS clients submit")
+    add_common(rs)
+    add_routing(rs)
+    SERVICE_CLIENT.add_to(rs)
+
+
+def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
+    if args.cmd == "frontend":
+        return _frontend(args, subjects, runner)
+    if args.cmd == "worker":
+        return _worker(args, subjects, runner)
+    if args.cmd == "router-service":
+        from router.service import RouterServiceConfig, run_router_service
+
+        cfg = RouterServiceConfig(
+            args.nats,
+            subjects,
+            args.router,
+            redis_for(args),
+            kv=KV.build(args),
+            client=SERVICE_CLIENT.build(args),
+        )
+        runner(run_router_service(cfg))
+        return 0
+    if args.cmd == "indexer":
+        from router.indexer import run_indexer
+
+        runner(
+            run_indexer(
+                INDEXER.build(args, nats_url=args.nats, redis_url=args.redis, subjects=subjects)
+            )
+        )
+        return 0
+    return 2
+
+
+def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
+    from router.frontend.service import FrontendServiceConfig, run_frontend
+
+    env_keys = tuple(k for k in os.environ.get("JETFLEET_API_KEYS", "").split(",") if k)
+    http = FRONTEND.build(args, api_keys=tuple(args.api_key) + env_keys)
+    cfg = FrontendServiceConfig(
+        nats_url=args.nats,
+        host=args.host,
+        port=args.port,
+        router=args.router,
+        redis_url=redis_for(args),
+        kv=KV.build(args),
+        subjects=subjects,
+        client=CLIENT.build(args),
+        http=http,
+    )
+    runner(run_frontend(cfg))
+    return 0
+
+
+def _vllm_extra(items: list[str]) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--vllm-arg expects KEY=VALUE, got {item!r}")
+        try:
+            extra[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            extra[key] = raw
+    return extra
+
+
+def _worker(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
+    from model.card import default_model_dir, load_model_dir
+    from workers.engines.vllm.backend import VllmNotInstalledError
+    from workers.main import EngineChoice, run_worker
+
+    model_dir = Path(args.model) if args.model else default_model_dir()
+    local = load_model_dir(model_dir, args.served_model_name, args.block_size)
+    cfg = WORKER.build(
+        args,
+        nats_url=args.nats,
+        model_dir=model_dir,
+        model_name=local.name,
+        engine=args.engine,
+        subjects=subjects,
+        block_size=args.block_size,
+    )
+    mocker = MOCKER.build(args)
+    vllm = None
+    if args.engine == "vllm":
+        vllm = VLLM.build(
+            args,
+            model=args.vllm_model or str(model_dir),
+            extra_engine_args=_vllm_extra(args.vllm_arg),
+        )
+    try:
+        runner(run_worker(cfg, EngineChoice(args.engine, mocker, vllm), local))
+    except VllmNotInstalledError as exc:
+        print(f"jetfleet worker: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,69 @@
+"""The routing stack a frontend and the router service share, built in one place: NATS (with the
+fleet's topology), Redis when the router needs it, the fleet state, the router, the client and
+the discovery that feeds them. ``close`` takes it down in reverse, Redis included."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NATS
+
+from base.connect import close_nats, connect_nats, connect_redis
+from base.topology import ensure_topology
+from router.client import ClientConfig, FleetClient
+from router.discovery import Discovery
+from router.fleet_state import FleetState
+from router.kv.router import KvRouterConfig
+from router.policies import Router
+from router.routers import build_router, warm_router
+from schemas import Subjects
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    nats_url: str
+    subjects: Subjects
+    router: str = "kv"
+    redis_url: str | None = None
+    kv: KvRouterConfig | None = None
+    client: ClientConfig | None = None
+
+
+@dataclass
+class RoutingStack:
+    nc: NATS
+    redis: aioredis.Redis | None
+    state: FleetState
+    router: Router | None
+    client: FleetClient
+    discovery: Discovery
+
+    @classmethod
+    async def open(cls, cfg: StackConfig, name: str) -> RoutingStack:
+        """Connect and start; anything opened before a failure is closed again."""
+        nc = await connect_nats(cfg.nats_url, name=name)
+        redis: aioredis.Redis | None = None
+        try:
+            await ensure_topology(nc.jetstream(), cfg.subjects)
+            redis = await connect_redis(cfg.redis_url) if cfg.redis_url else None
+            state = FleetState()
+            router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
+            await warm_router(router)
+            client = FleetClient(nc, cfg.subjects, state, router, cfg.client or ClientConfig())
+            discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
+            await discovery.start()
+        except BaseException:
+            if redis is not None:
+                await redis.aclose()
+            await close_nats(nc)
+            raise
+        client.start()
+        return cls(nc, redis, state, router, client, discovery)
+
+    async def close(self) -> None:
+        await self.client.stop()
+        await self.discovery.stop()
+        await close_nats(self.nc)
+        if self.redis is not None:
+            await self.redis.aclose()

@@ -1,0 +1,107 @@
+"""Flags declared once from config classes: defaults, types, units, and the argv round trip
+that ``jetfleet up`` and the local connector rely on."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from infra.cli import build_parser
+from infra.cli.components import (
+    CLIENT,
+    FRONTEND,
+    INDEXER,
+    KV,
+    MOCKER,
+    SERVICE_CLIENT,
+    VLLM,
+    WORKER,
+    engine_argv,
+    routing_argv,
+)
+from infra.cli.flags import ConfigFlags, Flag, field_docs
+from router.client import ClientConfig
+from router.kv.router import KvRouterConfig
+from workers.engines.mocker.config import MockerConfig
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+def test_no_flags_give_the_configs_defaults() -> None:
+    args = parse("worker")
+    assert MOCKER.build(args) == MockerConfig()
+    fe = parse("frontend")
+    assert KV.build(fe) == KvRouterConfig()
+    assert CLIENT.build(fe) == ClientConfig()
+    assert SERVICE_CLIENT.build(parse("router-service")).wait_for_worker_s == 5.0
+
+
+def test_flags_set_fields_with_their_types_and_units() -> None:
+    args = parse(
+        "worker", "--speedup", "20", "--no-prefix-caching", "--block-size", "64",
+        "--flush-interval-ms", "7", "--drain-timeout", "9", "--role", "decode",
+    )  # fmt: skip
+    mocker = MOCKER.build(args)
+    assert (mocker.speedup, mocker.enable_prefix_caching, mocker.block_size) == (20.0, False, 64)
+    worker = WORKER.build(args, nats_url="n", model_dir=".", model_name="m")
+    assert worker.flush_interval_s == pytest.approx(0.007)
+    assert (worker.drain_timeout_s, worker.role) == (9.0, "decode")
+    assert worker.worker_id.startswith("w-")  # generated when not given
+
+
+def test_shared_fields_feed_every_config_that_declares_them() -> None:
+    args = parse("worker", "--engine", "vllm", "--block-size", "32", "--max-num-seqs", "8")
+    vllm = VLLM.build(args, model="/m")
+    assert (vllm.block_size, vllm.max_num_seqs) == (32, 8)
+    assert (MOCKER.build(args).block_size, MOCKER.build(args).max_num_seqs) == (32, 8)
+
+
+def test_argv_reproduces_the_arguments_in_a_child_process() -> None:
+    up = parse(
+        "up", "--speedup", "20", "--no-prefix-caching", "--model", "/tmp/m",
+        "--kv-temperature", "0", "--stall-timeout", "5", "--router", "approx",
+    )  # fmt: skip
+    child = parse("worker", *engine_argv(up))
+    assert MOCKER.build(child) == MOCKER.build(up)
+    assert child.model == "/tmp/m"
+    fe = parse("frontend", *routing_argv(up))
+    assert KV.build(fe) == KV.build(up) and KV.build(fe).temperature == 0.0
+    assert CLIENT.build(fe).stall_timeout_s == 5.0 and fe.router == "approx"
+    assert engine_argv(parse("up")) == []  # defaults are not repeated
+
+
+def test_repeatable_flags_become_tuples() -> None:
+    fe = parse("frontend", "--api-key", "a", "--api-key", "b")
+    assert FRONTEND.build(fe).api_keys == ("a", "b")
+
+
+def test_help_shows_each_flags_default_and_doc(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("worker", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--num-gpu-blocks NUM_GPU_BLOCKS KV cache size, in blocks. (default: 16384)" in text
+    assert "--flush-interval-ms" in text and "(default: 5.0 ms)" in text
+    assert "--drain-timeout" in text and "(default: 60.0 s)" in text
+
+
+def test_field_docs_reads_docstrings_and_comments() -> None:
+    docs = field_docs(MockerConfig)
+    assert docs["num_gpu_blocks"] == "KV cache size, in blocks."
+    assert field_docs(ClientConfig)["max_attempts"] == "first try + migrations"
+
+
+def test_a_declared_field_must_exist() -> None:
+    with pytest.raises(KeyError):
+        ConfigFlags(MockerConfig, Flag("no_such_field"))
+
+
+def test_every_indexer_field_but_the_wiring_is_a_flag() -> None:
+    names = {s.field for s in INDEXER.specs}
+    wiring = {"nats_url", "redis_url", "subjects", "indexer_id"}
+    from router.indexer import IndexerConfig
+
+    assert names == {f.name for f in dataclasses.fields(IndexerConfig)} - wiring
