@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from infra.jetstream import connect_nats
+from base.connect import connect_nats
 from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
 from tests.e2e.fleet import Fleet
@@ -139,12 +139,10 @@ async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
 
 
 async def _serving_worker(fleet: Fleet) -> str:
-    for _ in range(50):
-        busy = [w for w, v in (await live_workers(fleet)).items() if v.get("num_running")]
-        if busy:
-            return busy[0]
-        await asyncio.sleep(0.1)
-    raise AssertionError("no worker reports the running request")
+    async def busy() -> list[str]:
+        return [w for w, v in (await live_workers(fleet)).items() if v.get("num_running")]
+
+    return str((await wait_for(busy, timeout=5, interval=0.1))[0])
 
 
 async def test_new_worker_takes_over_new_requests(slow_fleet):
@@ -170,16 +168,18 @@ async def _gone(fleet: Fleet, worker_id: str) -> bool:
 
 
 async def test_sigterm_drains_in_flight_work(slow_fleet):
-    workers = sorted(await live_workers(slow_fleet))
-    async with httpx.AsyncClient(timeout=60) as client:
+    async with Observations(slow_fleet) as obs, httpx.AsyncClient(timeout=60) as client:
         tasks = [
             asyncio.create_task(complete(client, slow_fleet, max_tokens=150)) for _ in range(4)
         ]
-        await asyncio.sleep(0.5)
-        code = await asyncio.to_thread(slow_fleet.terminate, workers[0])
+        drained = await _serving_worker(slow_fleet)  # it holds requests mid-generation
+        code = await asyncio.to_thread(slow_fleet.terminate, drained)
         results = await asyncio.gather(*tasks)
+        await wait_for(lambda: len(obs.items) >= 4, timeout=10)
     assert code == 0
     assert all(r["usage"]["completion_tokens"] == 150 for r in results)
+    finished_there = [o for o in obs.items if o.worker_id == drained]
+    assert finished_there and all(o.attempts == 1 for o in finished_there)  # drained, not moved
     slow_fleet.add_worker()
 
 

@@ -8,12 +8,13 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
 
-from infra.supervisor import cli_command, wait_http_ok
+from base.process import cli_command, wait_http_ok
 from tests.e2e.fleet import free_port
 
 pytestmark = pytest.mark.integration
@@ -27,6 +28,28 @@ def _wait_line(path: Path, pattern: str, timeout_s: float, proc: subprocess.Pope
         assert proc.poll() is None, path.read_text(errors="replace")[-3000:]
         time.sleep(0.1)
     raise AssertionError(f"{pattern!r} not printed:\n{path.read_text(errors='replace')[-3000:]}")
+
+
+def _wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
+        time.sleep(0.1)
+
+
+def _replay_until(nats_url: str, intervals: int) -> subprocess.CompletedProcess[str]:
+    """``replay planner --check`` once the planner has recorded ``intervals`` intervals."""
+    argv = cli_command("replay", "planner", "--nats", nats_url, "--from", "5m", "--check")
+    result: list[subprocess.CompletedProcess[str]] = []
+
+    def enough() -> bool:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        result[:] = [done]
+        m = re.search(r"(\d+) intervals, \d+ metric messages, \d+ decisions, 0 differ", done.stdout)
+        return m is not None and int(m.group(1)) >= intervals
+
+    _wait_until(enough, 30, f"{intervals} planner intervals recorded and reproduced")
+    return result[0]
 
 
 def _pids_alive(pids: list[int]) -> list[int]:
@@ -62,17 +85,8 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
                 max_tokens=8,
             )
             assert r.choices[0].finish_reason in ("length", "stop")
-        time.sleep(3.5)  # a few planner intervals, one with the requests above
-        replay = subprocess.run(
-            [*cli_command("replay", "planner", "--nats", nats_url, "--from", "5m", "--check")],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        replay = _replay_until(nats_url, intervals=3)  # one with the requests above
         assert replay.returncode == 0, replay.stdout + replay.stderr
-        assert re.search(
-            r"(\d+) intervals, (\d+) metric messages, \d+ decisions, 0 differ", replay.stdout
-        )
         children = [int(p) for p in re.findall(r'"pid": (\d+)', out.read_text())]
         assert len(children) >= 5  # nats, redis, connector, planner, indexer, frontend
     finally:
@@ -81,5 +95,4 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
     assert code == 0, out.read_text()[-3000:]
     workers = (tmp_path / "state" / "logs").glob("agg-*.log")
     assert [w for w in workers], "the connector started the workers"
-    time.sleep(0.5)
-    assert _pids_alive(children) == []
+    _wait_until(lambda: not _pids_alive(children), 10, "every child process exits")

@@ -14,11 +14,12 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError
 
+from base.process import ProcessGroup, cli_command, wait_http_ok
 from infra.embedded import EmbeddedNats
-from infra.supervisor import ProcessGroup, cli_command, wait_http_ok
 from infra.tools import infra_init
 from schemas import Subjects
 from tests.e2e.fleet import free_port
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -110,8 +111,7 @@ async def test_a_role_cannot_do_what_it_was_not_given(secured_nats) -> None:
             await frontend.jetstream().delete_stream("FLEET_REQUESTS")
         info = await worker.jetstream().stream_info("FLEET_REQUESTS")  # reading is allowed
         assert info.config.name == "FLEET_REQUESTS"
-        await asyncio.sleep(0.2)
-        assert any("permissions violation" in e.lower() for e in errors), errors
+        await wait_for(lambda: any("permissions violation" in e.lower() for e in errors), 5)
     finally:
         await worker.close()
         await frontend.close()
