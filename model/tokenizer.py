@@ -76,6 +76,8 @@ class ModelTokenizer:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._template = compile_chat_template(chat_template) if chat_template else None
+        added = self.tokenizer.get_added_tokens_decoder().items()
+        self._special = {t.content: tid for tid, t in added if t.special}
 
     @property
     def vocab_size(self) -> int:
@@ -89,6 +91,21 @@ class ModelTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; special-token text in it (``<|im_start|>``) maps to its id."""
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        """Token ids of each text. Unlike ``encode`` this releases the GIL and uses every core
+        (measured: ``encode`` holds the GIL for its whole run, ~3-7 µs a token here)."""
+        batch = self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [list(e.ids) for e in batch]
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The added tokens marked special (``<|im_start|>`` ...), text -> id."""
+        return {
+            t.content: tid
+            for tid, t in self.tokenizer.get_added_tokens_decoder().items()
+            if t.special
+        }
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))

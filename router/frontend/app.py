@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,12 @@ from router.frontend.openai_protocol import (
 )
 from router.frontend.responses import DONE, ChatShape, CompletionShape, encode, usage_body
 from router.frontend.stops import StopMatcher
+from router.frontend.tokenize import (
+    PromptTokenizer,
+    PromptTooLong,
+    TokenizeConfig,
+    TokenizeMetrics,
+)
 from schemas import Request, SamplingParams
 from schemas import encode as wire_encode
 
@@ -45,6 +52,10 @@ log = structlog.get_logger("jetfleet.frontend")
 class FrontendConfig:
     api_keys: tuple[str, ...] = ()  # when set, /v1/* needs "Authorization: Bearer <key>"
     retry_after_s: int = 1  # Retry-After on 503
+    max_body_mb: float = 32.0
+    """Largest request body accepted, in MiB (413 above; a 121k-token prompt is about 1 MiB)."""
+    tokenizer_cache_tokens: int = 4_000_000
+    """Prompt tokens the prefix cache keeps per model, 4 bytes each (0: no cache)."""
 
 
 @dataclass
@@ -78,6 +89,14 @@ class Frontend:
         self.subjects = client.subjects
         self.redis = redis  # checked by /ready when routing needs it
         self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
+        self._max_body = int(cfg.max_body_mb * (1 << 20))
+        self.tokenizer = PromptTokenizer(
+            TokenizeConfig(cache_tokens=cfg.tokenizer_cache_tokens),
+            TokenizeMetrics(metrics.registry),
+        )
+
+    async def close(self) -> None:
+        await self.tokenizer.stop()
 
     # ------------------------------------------------------------------ ASGI entry
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
@@ -170,9 +189,13 @@ class Frontend:
         accepted = time.monotonic()
         endpoint = "chat" if chat else "completions"
         try:
-            body = await asgi.read_body(receive)
+            body = await asgi.read_body(receive, self._max_body)
         except asgi.BodyTooLarge:
-            raise OpenAIError(413, "Request body too large") from None
+            raise OpenAIError(
+                413,
+                f"Request body larger than {self.cfg.max_body_mb:g} MiB",
+                code="request_too_large",
+            ) from None
         creq: ChatCompletionRequest | CompletionRequest
         if chat:
             chat_req = parse_chat_request(body)
@@ -190,7 +213,7 @@ class Frontend:
                 param="model",
                 code="model_not_found",
             )
-        prompt = self._prompt_tokens(served, creq, chat)
+        prompt = await self._prompt_tokens(served, creq, chat, len(body))
         max_tokens = resolve_max_tokens(
             params.max_tokens,
             len(prompt),
@@ -225,24 +248,46 @@ class Frontend:
             self.metrics.requests.labels(creq.model, endpoint, status).inc()
             await self._observe(creq.model, choices, accepted, len(prompt), status)
 
-    def _prompt_tokens(self, served: ServedModel, creq: Any, chat: bool) -> list[int]:
+    async def _prompt_tokens(
+        self, served: ServedModel, creq: Any, chat: bool, size_hint: int
+    ) -> list[int]:
         tok = served.tokenizer
-        try:
-            if chat:
-                text = tok.apply_chat_template(creq.messages_as_dicts(), add_generation_prompt=True)
-                return tok.encode(text)
+        param = "messages" if chat else "prompt"
+        render: Callable[[], str]
+        if chat:
+            messages = creq.messages_as_dicts()
+
+            def render() -> str:
+                return tok.apply_chat_template(messages, add_generation_prompt=True)
+        else:
             prompt = creq.prompt_value()
-            if isinstance(prompt, str):
-                return tok.encode(prompt)
-            if any(t < 0 or t >= tok.vocab_size for t in prompt):
-                raise OpenAIError(
-                    400, "prompt contains token ids outside the vocabulary", param="prompt"
-                )
-            return list(prompt)
+            if not isinstance(prompt, str):
+                if any(t < 0 or t >= tok.vocab_size for t in prompt):
+                    raise OpenAIError(
+                        400, "prompt contains token ids outside the vocabulary", param="prompt"
+                    )
+                return list(prompt)
+            text: str = prompt
+
+            def render() -> str:
+                return text
+
+        ctx = served.card.context_length
+        try:
+            return await self.tokenizer.tokenize(creq.model, tok, render, ctx, size_hint)
+        except PromptTooLong as exc:
+            raise OpenAIError(
+                400,
+                f"This model's maximum context length is {ctx} tokens. However, your {param} "
+                f"resulted in at least {exc.at_least} tokens. Please reduce the length of the "
+                f"{param}.",
+                param=param,
+                code="context_length_exceeded",
+            ) from None
         except ValueError as exc:
             if isinstance(exc, OpenAIError):
                 raise
-            raise OpenAIError(400, str(exc), param="messages" if chat else "prompt") from None
+            raise OpenAIError(400, str(exc), param=param) from None
 
     async def _start(
         self,

@@ -83,5 +83,6 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     try:
         await server.serve(sockets=[sock])
     finally:
+        await app.close()
         await stack.close()
         log.info("frontend_stopped", frontend_id=cfg.frontend_id)

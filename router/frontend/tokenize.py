@@ -1,0 +1,257 @@
+"""Chat templates and tokenizing off the event loop, in parallel, through the prefix cache.
+
+Measured here: HF ``tokenizers``' ``encode`` holds the GIL for its whole run (3-7 µs a token, so
+190 ms for a 50k-token prompt during which nothing else in the process runs), while
+``encode_batch`` releases it and spreads a batch over every core. So prompts are queued, taken
+in batches by a dispatcher and tokenized with one ``encode_batch`` per batch on a worker thread;
+the event loop keeps streaming meanwhile. Two lanes, each with its own thread: small requests
+(body below ``short_bytes``) never wait behind a batch of long prompts.
+
+Each served model gets a ``SegmentCache`` (``model/prompt_cache.py``): a conversation that
+extends an earlier one is tokenized only past what it shares with it. The cache is checked
+against fresh tokenizing on probe conversations when the model is first used; a tokenizer that
+fails the check is served without it (logged).
+
+A prompt far longer than the context is refused after tokenizing only a prefix long enough to
+prove it (``context + 1`` tokens of at most ``_MAX_CHARS_PER_TOKEN`` characters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from model.prompt_cache import CacheStats, SegmentCache, verify
+from model.tokenizer import ModelTokenizer
+
+log = structlog.get_logger("jetfleet.frontend")
+
+_MAX_CHARS_PER_TOKEN = 8  # a prefix this many chars per token proves "too long" cheaply
+_PROBE = [
+    "You are a helpful assistant. Réponds en français — naïve café.",
+    "Summarise this:  the   quick brown fox\n\njumps over 12,345 lazy dogs; 日本語のテキスト 🎉",
+    "Sure! Here it is:\n```python\nprint('hi')\n```",
+    "again, with   spaces and\ttabs, and an unfinished wor",
+]
+
+
+class PromptTooLong(ValueError):
+    """The prompt holds more than ``at_least`` tokens, more than the context allows."""
+
+    def __init__(self, at_least: int) -> None:
+        super().__init__(f"at least {at_least} tokens")
+        self.at_least = at_least
+
+
+@dataclass(frozen=True)
+class TokenizeConfig:
+    cache_tokens: int = 4_000_000
+    """Tokens the prefix cache keeps per model (4 bytes each; 0: no cache)."""
+    short_bytes: int = 16384
+    """Requests with a smaller body use the short lane (never queued behind long prompts)."""
+    max_batch_chars: int = 4_000_000
+    """A batch takes queued prompts up to about this many characters."""
+
+
+class TokenizeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ns = "jetfleet_frontend_tokenizer"
+        self.seconds = Histogram(
+            f"{ns}_seconds",
+            "Queue wait + template + tokenizing per prompt",
+            ["lane"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.batch = Histogram(
+            f"{ns}_batch_prompts",
+            "Prompts tokenized in one encode_batch",
+            ["lane"],
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=registry,
+        )
+        self.cache_segments = Counter(
+            f"{ns}_cache_segments",
+            "Prompt segments served from the prefix cache (hit) or tokenized (miss)",
+            ["model", "result"],
+            registry=registry,
+        )
+        self.cached_tokens = Counter(
+            f"{ns}_cached_tokens", "Prompt tokens not tokenized again", ["model"], registry=registry
+        )
+        self.tokens = Counter(
+            f"{ns}_tokens", "Prompt tokens produced", ["model"], registry=registry
+        )
+
+
+@dataclass
+class _Job:
+    model: str
+    tokenizer: ModelTokenizer
+    render: Callable[[], str]  # the prompt text (renders the chat template, may raise)
+    context_length: int
+    future: asyncio.Future[list[int]]
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+class _ModelCache:
+    def __init__(self, cache: SegmentCache | None) -> None:
+        self.cache = cache
+        self.seen = CacheStats()
+
+
+class PromptTokenizer:
+    def __init__(self, cfg: TokenizeConfig, metrics: TokenizeMetrics) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self._lanes: dict[str, asyncio.Queue[_Job]] = {}
+        self._pools: dict[str, ThreadPoolExecutor] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._caches: weakref.WeakKeyDictionary[ModelTokenizer, _ModelCache] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for lane in ("short", "long"):
+            self._lanes[lane] = asyncio.Queue()
+            self._pools[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"tokenize-{lane}")
+            self._tasks.append(asyncio.create_task(self._dispatch(lane), name=f"tokenize-{lane}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pool in self._pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    async def tokenize(
+        self,
+        model: str,
+        tokenizer: ModelTokenizer,
+        render: Callable[[], str],
+        context_length: int,
+        size_hint: int,
+    ) -> list[int]:
+        """Token ids of the prompt ``render`` gives (run on a tokenizer thread). Raises what
+        ``render`` raises, or ``PromptTooLong``."""
+        if not self._tasks:
+            self.start()
+        lane = "short" if size_hint < self.cfg.short_bytes else "long"
+        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        job = _Job(model, tokenizer, render, context_length, future)
+        self._lanes[lane].put_nowait(job)
+        try:
+            return await future
+        finally:
+            self.metrics.seconds.labels(lane).observe(time.monotonic() - job.queued_at)
+
+    async def _dispatch(self, lane: str) -> None:
+        queue = self._lanes[lane]
+        loop = asyncio.get_running_loop()
+        while True:
+            jobs = [await queue.get()]
+            while not queue.empty() and len(jobs) < 64:
+                jobs.append(queue.get_nowait())
+            jobs = [j for j in jobs if not j.future.done()]  # the client went away
+            if not jobs:
+                continue
+            self.metrics.batch.labels(lane).observe(len(jobs))
+            caches: list[_ModelCache] = []
+            try:
+                results, caches = await loop.run_in_executor(self._pools[lane], self._work, jobs)
+            except Exception as exc:  # a tokenizer bug: fail this batch, keep the lane
+                log.error("tokenize_failed", lane=lane, error=repr(exc))
+                results = [exc] * len(jobs)
+            for job, result in zip(jobs, results, strict=True):
+                if job.future.done():
+                    continue
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(result)
+                    self.metrics.tokens.labels(job.model).inc(len(result))
+            for job, mc in zip(jobs, caches, strict=False):
+                self._count(job.model, mc)
+
+    def _cache_for(self, tokenizer: ModelTokenizer) -> _ModelCache:
+        """On a lane's thread: the model's cache, made and checked on first use."""
+        with self._lock:
+            mc = self._caches.get(tokenizer)
+            if mc is not None:
+                return mc
+            mc = _ModelCache(None)
+            if self.cfg.cache_tokens > 0 and tokenizer.special_tokens:
+                cache = SegmentCache(tokenizer.special_tokens, self.cfg.cache_tokens)
+                mc.cache = cache if self._verified(tokenizer, cache) else None
+            self._caches[tokenizer] = mc
+            return mc
+
+    def _verified(self, tokenizer: ModelTokenizer, cache: SegmentCache) -> bool:
+        probes: list[str] = []
+        names = list(tokenizer.special_tokens)
+        probes.append("".join(f"{names[i % len(names)]}{t}" for i, t in enumerate(_PROBE)))
+        if tokenizer.has_chat_template:
+            roles = ["system", "user", "assistant", "user"]
+            msgs = [{"role": r, "content": c} for r, c in zip(roles, _PROBE, strict=True)]
+            with contextlib.suppress(ValueError):  # a template may refuse this shape: skip it
+                probes.append(tokenizer.apply_chat_template(msgs, add_generation_prompt=True))
+        ok = verify(cache, tokenizer.encode_batch, probes)
+        if not ok:
+            log.warning("prompt_cache_disabled", reason="segmented tokenizing differs")
+        return ok
+
+    def _count(self, model: str, mc: _ModelCache) -> None:
+        if mc.cache is None:
+            return
+        now, seen = mc.cache.stats, mc.seen
+        self.metrics.cache_segments.labels(model, "hit").inc(now.hits - seen.hits)
+        self.metrics.cache_segments.labels(model, "miss").inc(now.misses - seen.misses)
+        self.metrics.cached_tokens.labels(model).inc(now.cached_tokens - seen.cached_tokens)
+        mc.seen = CacheStats(now.hits, now.misses, now.cached_tokens, now.fallbacks)
+
+    def _work(self, jobs: list[_Job]) -> tuple[list[Any], list[_ModelCache]]:
+        """On the lane's thread: render, refuse the far too long, tokenize the rest in batches
+        (one per tokenizer)."""
+        caches = [self._cache_for(j.tokenizer) for j in jobs]
+        out: list[Any] = [None] * len(jobs)
+        texts: dict[int, str] = {}
+        for i, job in enumerate(jobs):
+            try:
+                text = job.render()
+                self._check_length(job, text)
+                texts[i] = text
+            except Exception as exc:
+                out[i] = exc
+        by_tokenizer: dict[int, list[int]] = {}
+        for i in texts:
+            by_tokenizer.setdefault(id(jobs[i].tokenizer), []).append(i)
+        for idx in by_tokenizer.values():
+            tok, mc = jobs[idx[0]].tokenizer, caches[idx[0]]
+            batch = [texts[i] for i in idx]
+            if mc.cache is not None:
+                ids = mc.cache.encode(batch, tok.encode_batch)
+            else:
+                ids = tok.encode_batch(batch)
+            for i, tokens in zip(idx, ids, strict=True):
+                out[i] = tokens
+        return out, caches
+
+    @staticmethod
+    def _check_length(job: _Job, text: str) -> None:
+        cut = (job.context_length + 1) * _MAX_CHARS_PER_TOKEN
+        if len(text) <= cut:
+            return
+        head = job.tokenizer.encode_batch([text[:cut]])[0]
+        if len(head) > job.context_length + 16:  # a cut mid-word changes a few tokens at most
+            raise PromptTooLong(len(head) - 16)

@@ -1,0 +1,112 @@
+"""The frontend's tokenizer service: off the event loop, short prompts never behind long ones,
+far-too-long prompts refused from a prefix, errors per prompt, cache counters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from model.card import default_model_dir, load_model_dir
+from model.tokenizer import ChatTemplateError, ModelTokenizer
+from router.frontend.tokenize import (
+    PromptTokenizer,
+    PromptTooLong,
+    TokenizeConfig,
+    TokenizeMetrics,
+)
+
+
+class CountingTokenizer(ModelTokenizer):
+    """The shipped tokenizer, recording the characters each encode_batch call gets."""
+
+    def __init__(self) -> None:
+        m = load_model_dir(default_model_dir())
+        super().__init__(m.tokenizer_json, m.chat_template, m.bos_token, m.eos_token)
+        self.calls: list[int] = []
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        self.calls.append(sum(len(t) for t in texts))
+        return super().encode_batch(texts, add_special_tokens)
+
+
+@pytest.fixture
+async def service():
+    registry = CollectorRegistry()
+    svc = PromptTokenizer(TokenizeConfig(), TokenizeMetrics(registry))
+    svc.start()
+    yield svc, registry
+    await svc.stop()
+
+
+async def test_short_prompts_pass_long_ones_and_the_loop_keeps_running(service) -> None:
+    svc, _ = service
+    tok = CountingTokenizer()
+    long_text = "word " * 400_000  # ~400k tokens: about a second of tokenizing
+    ticks = 0
+    done_order: list[str] = []
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    async def run(name: str, text: str, size: int) -> None:
+        await svc.tokenize("m", tok, lambda: text, 10_000_000, size)
+        done_order.append(name)
+
+    t = asyncio.create_task(ticker())
+    long_job = asyncio.create_task(run("long", long_text, len(long_text)))
+    await asyncio.sleep(0)  # the long one is queued first
+    await run("short", "hello there", 11)
+    ticks_when_short_done = ticks
+    await long_job
+    t.cancel()
+    assert done_order == ["short", "long"]
+    assert ticks > ticks_when_short_done + 5  # the loop ran while the long prompt was tokenized
+
+
+async def test_a_far_too_long_prompt_is_refused_from_a_prefix(service) -> None:
+    svc, _ = service
+    tok = CountingTokenizer()
+    text = "word " * 1_000_000  # 5 MB
+    with pytest.raises(PromptTooLong) as err:
+        await svc.tokenize("m", tok, lambda: text, 4096, len(text))
+    assert err.value.at_least > 4096
+    assert max(tok.calls) <= (4096 + 1) * 8  # never the whole 5 MB
+
+
+async def test_a_failing_render_fails_only_its_own_request(service) -> None:
+    svc, _ = service
+    tok = CountingTokenizer()
+
+    def broken() -> str:
+        raise ChatTemplateError("template says no")
+
+    results = await asyncio.gather(
+        svc.tokenize("m", tok, broken, 4096, 10),
+        svc.tokenize("m", tok, lambda: "fine", 4096, 10),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], ChatTemplateError)
+    assert results[1] == tok.encode("fine")
+
+
+async def test_repeated_conversations_count_cache_hits(service) -> None:
+    svc, registry = service
+    tok = CountingTokenizer()
+    head = [{"role": "system", "content": "a long shared system prompt " * 50}]
+    for i in range(3):
+        msgs = [*head, {"role": "user", "content": f"question {i}"}]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True)
+        assert await svc.tokenize("m", tok, lambda t=text: t, 4096, 100) == tok.encode(text)
+    hits = registry.get_sample_value(
+        "jetfleet_frontend_tokenizer_cache_segments_total", {"model": "m", "result": "hit"}
+    )
+    cached = registry.get_sample_value(
+        "jetfleet_frontend_tokenizer_cached_tokens_total", {"model": "m"}
+    )
+    assert hits is not None and hits >= 4
+    assert cached is not None and cached > 200
