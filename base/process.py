@@ -39,19 +39,22 @@ class Child:
 class ProcessGroup:
     log_dir: Path
     children: dict[str, Child] = field(default_factory=dict)
+    inherit_output: bool = False  # children write to our stdout/stderr, not to log files
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        out = log_path.open("ab")
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-        out.close()
+        if self.inherit_output:
+            proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, start_new_session=True)
+        else:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            with log_path.open("ab") as out:
+                proc = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env={**os.environ, **(env or {})},
+                    start_new_session=True,
+                )
         child = Child(name, argv, proc, log_path)
         self.children[name] = child
         log.info("process_started", name=name, pid=proc.pid, log=str(log_path))

@@ -121,7 +121,15 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         group.start(
             "frontend",
             cli_command(
-                "frontend", *common, *routing, "--host", args.host, "--port", str(args.port)
+                "frontend",
+                *common,
+                *routing,
+                "--host",
+                args.host,
+                "--port",
+                str(args.port),
+                "--processes",
+                str(args.frontends),
             ),
         )
         wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)

@@ -12,6 +12,7 @@ import os
 from infra.cli.flags import ConfigFlags, Flag
 from router.client import ClientConfig
 from router.frontend.app import FrontendConfig
+from router.frontend.service import FrontendServiceConfig
 from router.indexer import IndexerConfig
 from router.kv.router import KvRouterConfig
 from router.policies import POLICY_NAMES
@@ -114,7 +115,18 @@ FRONTEND = ConfigFlags(
         help="require this bearer key on /v1/* (repeatable; env JETFLEET_API_KEYS)",
     ),
     "retry_after_s",
+    "max_body_mb",
+    "tokenizer_cache_tokens",
     title="HTTP",
+)
+
+FRONTEND_SERVICE = ConfigFlags(
+    FrontendServiceConfig,
+    "host",
+    "port",
+    "keep_alive_s",
+    "reuse_port",
+    title="HTTP server",
 )
 
 INDEXER = ConfigFlags(
@@ -134,6 +146,12 @@ def add_common(p: argparse.ArgumentParser, nats: bool = True) -> None:
     p.add_argument("--subject-prefix", default="fleet", help="subject/stream prefix of the fleet")
     p.add_argument("--log-level", default=os.environ.get("JETFLEET_LOG_LEVEL", "info"))
     p.add_argument("--log-format", choices=["json", "console"], default="json")
+
+
+def common_argv(args: argparse.Namespace) -> list[str]:
+    out = ["--subject-prefix", args.subject_prefix, "--log-level", args.log_level]
+    out += ["--log-format", args.log_format]
+    return (["--nats", args.nats] if getattr(args, "nats", None) else []) + out
 
 
 def add_model(p: argparse.ArgumentParser) -> None:

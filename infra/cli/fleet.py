@@ -20,6 +20,12 @@ def add_commands(sub: Any) -> None:
     g.add_argument("--workers", type=int, default=2, help="workers to start (default: 2)")
     g.add_argument("--host", default="127.0.0.1", help="frontend address (default: 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="frontend port (default: 8000)")
+    g.add_argument(
+        "--frontends",
+        type=int,
+        default=1,
+        help="frontend processes on the port (frontend --processes; default: 1)",
+    )
     g.add_argument("--nats-port", type=int, default=14222, help="embedded NATS (default: 14222)")
     g.add_argument("--redis-port", type=int, default=16379, help="embedded Redis (default: 16379)")
     g.add_argument("--state-dir", default=".jetfleet", help="server data and process logs")

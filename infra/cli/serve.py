@@ -18,6 +18,7 @@ from infra.cli.components import (
     CLIENT,
     DEFAULT_REDIS,
     FRONTEND,
+    FRONTEND_SERVICE,
     INDEXER,
     KV,
     MOCKER,
@@ -27,7 +28,9 @@ from infra.cli.components import (
     add_common,
     add_engine,
     add_routing,
+    common_argv,
     redis_for,
+    routing_argv,
 )
 from schemas import Subjects
 
@@ -38,8 +41,14 @@ Runner = Callable[[Any], Any]
 def add_commands(sub: Any) -> None:
     fe = sub.add_parser("frontend", help="OpenAI-compatible HTTP frontend")
     add_common(fe)
-    fe.add_argument("--host", default="127.0.0.1")
-    fe.add_argument("--port", type=int, default=8000)
+    FRONTEND_SERVICE.add_to(fe)
+    fe.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="frontend processes sharing the port (SO_REUSEPORT), each stateless; a supervisor "
+        "restarts any that dies and /metrics sums them all (default: 1)",
+    )
     add_routing(fe)
     CLIENT.add_to(fe)
     FRONTEND.add_to(fe)
@@ -96,14 +105,17 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
 
 
 def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
-    from router.frontend.service import FrontendServiceConfig, run_frontend
+    from router.frontend.service import run_frontend
 
+    if args.processes > 1:
+        from infra.frontends import run_frontend_processes
+
+        return run_frontend_processes(args.processes, frontend_argv(args), args.port)
     env_keys = tuple(k for k in os.environ.get("JETFLEET_API_KEYS", "").split(",") if k)
     http = FRONTEND.build(args, api_keys=tuple(args.api_key) + env_keys)
-    cfg = FrontendServiceConfig(
+    cfg = FRONTEND_SERVICE.build(
+        args,
         nats_url=args.nats,
-        host=args.host,
-        port=args.port,
         router=args.router,
         redis_url=redis_for(args),
         kv=KV.build(args),
@@ -113,6 +125,18 @@ def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> i
     )
     runner(run_frontend(cfg))
     return 0
+
+
+def frontend_argv(args: argparse.Namespace) -> list[str]:
+    """The flags of one frontend process like the ones ``args`` describe (``--processes 1``)."""
+    return [
+        *common_argv(args),
+        *FRONTEND_SERVICE.argv(args),
+        "--redis",
+        str(args.redis),
+        *routing_argv(args),
+        *FRONTEND.argv(args),
+    ]
 
 
 def _vllm_extra(items: list[str]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 from nats.aio.client import Client as NATS
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery, ServedModel
@@ -129,7 +129,7 @@ class Frontend:
                 await self._ready(send)
             elif path == "/metrics":
                 await asgi.send_text(
-                    send, 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST.encode()
+                    send, 200, self.metrics.exposition(), CONTENT_TYPE_LATEST.encode()
                 )
             else:
                 raise OpenAIError(404, f"Unknown path {path}", type="not_found_error")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from schemas import RouteDecision
 
@@ -10,6 +13,15 @@ _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 
 
 
 class FrontendMetrics:
+    def exposition(self) -> bytes:
+        """``/metrics``: this process's metrics, or, when it is one of ``--processes N`` (which
+        sets ``PROMETHEUS_MULTIPROC_DIR``), every frontend process's on this port, summed."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            merged = CollectorRegistry()
+            MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+            return bytes(generate_latest(merged))
+        return bytes(generate_latest(self.registry))
+
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_frontend"
         self.registry = registry
@@ -19,7 +31,12 @@ class FrontendMetrics:
             ["model", "endpoint", "status"],
             registry=registry,
         )
-        self.in_flight = Gauge(f"{ns}_in_flight", "Generations in progress", registry=registry)
+        self.in_flight = Gauge(
+            f"{ns}_in_flight",
+            "Generations in progress",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.ttft = Histogram(
             f"{ns}_ttft_seconds", "Time to first token", ["model"], buckets=_LAT, registry=registry
         )

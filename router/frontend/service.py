@@ -32,13 +32,22 @@ class FrontendServiceConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     http: FrontendConfig = field(default_factory=FrontendConfig)
     frontend_id: str = field(default_factory=lambda: f"fe-{uuid.uuid4().hex[:8]}")
+    keep_alive_s: float = 620.0
+    """Idle keep-alive connections stay open this long. Above every common proxy's idle timeout
+    (AWS ALB 60 s, nginx 75 s, Google Cloud LB 600 s): a proxy, not the server, closes an idle
+    pooled connection, so a request never lands on a connection the server is closing."""
+    reuse_port: bool = False
+    """SO_REUSEPORT: several frontend processes listen on one port (``--processes N``)."""
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A listening socket with TCP_NODELAY (Linux passes it on to accepted connections)."""
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening socket with TCP_NODELAY (Linux passes it on to accepted connections); with
+    ``reuse_port`` the kernel spreads new connections over every process bound to the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(2048)
@@ -60,7 +69,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         cfg.frontend_id,
         stack.redis if cfg.router == "kv" else None,
     )
-    sock = listening_socket(cfg.host, cfg.port)
+    sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -71,6 +80,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
             proxy_headers=False,
             log_level="warning",
             timeout_graceful_shutdown=30,
+            timeout_keep_alive=int(cfg.keep_alive_s),
             backlog=2048,
         )
     )

@@ -102,3 +102,22 @@ def test_fleet_still_serves_after_bad_requests(fleet):
         fleet.base_url + COMP, json={"model": M, "prompt": "ok", "max_tokens": 3}, timeout=10
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_body_over_the_limit_gets_413_and_a_large_prompt_fits(fleet):
+    over = b'{"model": "jetfleet-tiny", "prompt": "' + b"x" * (33 << 20) + b'"}'
+    r = httpx.post(fleet.base_url + COMP, content=over, timeout=60)
+    assert r.status_code == 413, r.text
+    assert "32 MiB" in r.json()["error"]["message"]
+    # ~1 MB of JSON (the size of a 121k-token prompt) is read and judged on its tokens
+    r = httpx.post(fleet.base_url + COMP, json={"model": M, "prompt": "ab " * 350_000}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_prompt_far_past_the_context_is_refused_from_a_prefix(fleet):
+    r = httpx.post(
+        fleet.base_url + COMP, json={"model": M, "prompt": "word " * 1_000_000}, timeout=60
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
