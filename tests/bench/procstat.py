@@ -18,6 +18,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants (a supervisor and its processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        total += cpu_seconds(p)
+        todo.extend(children.get(p, ()))
+    return total
+
+
 def self_cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -29,10 +49,10 @@ class CpuMeter:
         self._start: dict[str, float] = {}
 
     def start(self) -> None:
-        self._start = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        self._start = {n: tree_cpu_seconds(p) for n, p in self.pids.items()}
         self._start["load_client"] = self_cpu_seconds()
 
     def stop(self) -> dict[str, float]:
-        now = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        now = {n: tree_cpu_seconds(p) for n, p in self.pids.items()}
         now["load_client"] = self_cpu_seconds()
         return {n: round(now[n] - self._start.get(n, 0.0), 3) for n in now}
