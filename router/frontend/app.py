@@ -46,6 +46,19 @@ from schemas import Request, SamplingParams
 from schemas import encode as wire_encode
 
 log = structlog.get_logger("jetfleet.frontend")
+access_log = structlog.get_logger("jetfleet.access")
+
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+
+
+def _client_request_id(scope: asgi.Scope) -> str | None:
+    """The client's ``X-Request-Id``, when it is a sane id (at most 128 of [A-Za-z0-9-_.:])."""
+    for key, value in scope["headers"]:
+        if key == b"x-request-id":
+            text = str(value.decode("latin-1"))
+            if 0 < len(text) <= 128 and set(text) <= _ID_CHARS:
+                return text
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,8 @@ class FrontendConfig:
     """Largest request body accepted, in MiB (413 above; a 121k-token prompt is about 1 MiB)."""
     tokenizer_cache_tokens: int = 4_000_000
     """Prompt tokens the prefix cache keeps per model, 4 bytes each (0: no cache)."""
+    access_log: bool = True
+    """One log line per /v1 request: id, model, status, latency, tokens, worker, attempts."""
 
 
 @dataclass
@@ -90,6 +105,7 @@ class Frontend:
         self.redis = redis  # checked by /ready when routing needs it
         self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
         self._max_body = int(cfg.max_body_mb * (1 << 20))
+        self._active = 0  # generations in progress in this process
         self.tokenizer = PromptTokenizer(
             TokenizeConfig(cache_tokens=cfg.tokenizer_cache_tokens),
             TokenizeMetrics(metrics.registry),
@@ -106,6 +122,39 @@ class Frontend:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
+        started = time.monotonic()
+        ctx: dict[str, Any] = {"request_id": _client_request_id(scope) or uuid.uuid4().hex}
+        status = [0]
+        echo = (b"x-request-id", ctx["request_id"].encode())
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), echo]}
+            await send(message)
+
+        try:
+            await self._route_http(scope, receive, send_with_id, path, method, ctx)
+        finally:
+            if self.cfg.access_log and path.startswith("/v1/"):
+                access_log.info(
+                    "request",
+                    method=method,
+                    path=path,
+                    status=status[0] or 499,  # 499: the client left before any response
+                    ms=round((time.monotonic() - started) * 1000, 2),
+                    **ctx,
+                )
+
+    async def _route_http(
+        self,
+        scope: asgi.Scope,
+        receive: asgi.Receive,
+        send: asgi.Send,
+        path: str,
+        method: str,
+        ctx: dict[str, Any],
+    ) -> None:
         try:
             if path.startswith("/v1/") and self._auth and not self._authorized(scope):
                 raise OpenAIError(
@@ -117,7 +166,9 @@ class Frontend:
             if path in ("/v1/chat/completions", "/v1/completions"):
                 if method != "POST":
                     raise OpenAIError(405, f"Method {method} not allowed on {path}")
-                await self._generate(scope, receive, send, chat=path.endswith("chat/completions"))
+                await self._generate(
+                    scope, receive, send, chat=path.endswith("chat/completions"), ctx=ctx
+                )
             elif path == "/v1/models" and method == "GET":
                 await asgi.send_json(send, 200, encode(self._models_body()))
             elif path == "/health":
@@ -184,7 +235,12 @@ class Frontend:
 
     # ------------------------------------------------------------------ generation
     async def _generate(
-        self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send, chat: bool
+        self,
+        scope: asgi.Scope,
+        receive: asgi.Receive,
+        send: asgi.Send,
+        chat: bool,
+        ctx: dict[str, Any],
     ) -> None:
         accepted = time.monotonic()
         endpoint = "chat" if chat else "completions"
@@ -220,13 +276,15 @@ class Frontend:
             served.card.context_length,
             prompt_param="messages" if chat else "prompt",
         )
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{ctx['request_id']}"
+        ctx.update(request_id=rid, model=creq.model, prompt_tokens=len(prompt))
         gens = await self._start(
             creq.model, rid, prompt, params, max_tokens, endpoint, served.card.block_size
         )
         choices = [_Choice(g, StopMatcher(params.stop), []) for g in gens]
         shape = (ChatShape if chat else CompletionShape)(rid, int(time.time()), creq.model)
         self.metrics.in_flight.inc()
+        self._active += 1
         status = "ok"
         try:
             async with asgi.DisconnectWatcher(receive):
@@ -243,9 +301,17 @@ class Frontend:
                 task.uncancel()
         finally:
             self.metrics.in_flight.dec()
+            self._active -= 1
             if any(c.error for c in choices) and status == "ok":
                 status = "error"
             self.metrics.requests.labels(creq.model, endpoint, status).inc()
+            ctx.update(
+                outcome=status,
+                completion_tokens=sum(len(c.gen.generated) for c in choices),
+                cached_tokens=choices[0].gen.cached_tokens if choices else 0,
+                worker_id=",".join(c.gen.worker_id for c in choices),
+                attempts=max((c.gen.attempts for c in choices), default=0),
+            )
             await self._observe(creq.model, choices, accepted, len(prompt), status)
 
     async def _prompt_tokens(
@@ -274,7 +340,9 @@ class Frontend:
 
         ctx = served.card.context_length
         try:
-            return await self.tokenizer.tokenize(creq.model, tok, render, ctx, size_hint)
+            return await self.tokenizer.tokenize(
+                creq.model, tok, render, ctx, size_hint, idle=self._active == 0
+            )
         except PromptTooLong as exc:
             raise OpenAIError(
                 400,
