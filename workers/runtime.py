@@ -173,6 +173,13 @@ class WorkerRuntime:
         if len(self.active) >= self.engine.max_num_seqs:
             self._capacity.clear()
         self.metrics.requests_started.inc()
+        self.log.info(
+            "request_started",
+            request_id=req.request_id,
+            attempt=req.attempt,
+            prompt_tokens=len(req.token_ids),
+            max_tokens=req.sampling.max_tokens,
+        )
         self.engine.add_request(
             EngineRequest(
                 request_id=req.request_id,
@@ -251,6 +258,15 @@ class WorkerRuntime:
         if len(self._done) > _RECENT_DONE:
             self._done.popitem(last=False)
         self.metrics.observe_finished(ar, time.monotonic())
+        self.log.info(
+            "request_finished",
+            request_id=rid,
+            attempt=ar.request.attempt,
+            finish_reason=ar.finish_reason,
+            completion_tokens=ar.num_generated,
+            cached_tokens=ar.cached_tokens,
+            ms=round((time.monotonic() - ar.started_at) * 1000, 2),
+        )
         if not self.active:
             self._idle.set()
         if not self._stopping:

@@ -46,10 +46,10 @@ VLLM = ConfigFlags(
     "gpu_memory_utilization",
     "max_model_len",
     "dtype",
-    "quantization",
+    Flag("quantization", help="vLLM's quantization method (default: the model's)"),
     "enforce_eager",
     "enable_sleep_mode",
-    "enable_lora",
+    Flag("enable_lora", help="serve LoRA adapters (load and unload control ops)"),
     "max_loras",
     "max_lora_rank",
     "kv_events",
@@ -63,7 +63,7 @@ VLLM = ConfigFlags(
 WORKER = ConfigFlags(
     WorkerConfig,
     "role",
-    "worker_id",
+    Flag("worker_id", help="unique id in the fleet (default: a new random one)"),
     "metrics_port",
     "metrics_host",
     Flag("flush_interval_s", "--flush-interval-ms", scale=1000.0),
@@ -117,6 +117,7 @@ FRONTEND = ConfigFlags(
     "retry_after_s",
     "max_body_mb",
     "tokenizer_cache_tokens",
+    "access_log",
     title="HTTP",
 )
 
@@ -144,8 +145,17 @@ def add_common(p: argparse.ArgumentParser, nats: bool = True) -> None:
     if nats:
         p.add_argument("--nats", default=DEFAULT_NATS, help="NATS URL (env JETFLEET_NATS_URL)")
     p.add_argument("--subject-prefix", default="fleet", help="subject/stream prefix of the fleet")
-    p.add_argument("--log-level", default=os.environ.get("JETFLEET_LOG_LEVEL", "info"))
-    p.add_argument("--log-format", choices=["json", "console"], default="json")
+    p.add_argument(
+        "--log-level",
+        default=os.environ.get("JETFLEET_LOG_LEVEL", "info"),
+        help="debug, info, warning or error (env JETFLEET_LOG_LEVEL)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        default="json",
+        help="json: one structlog JSON object a line; console: for humans",
+    )
 
 
 def common_argv(args: argparse.Namespace) -> list[str]:
@@ -157,8 +167,15 @@ def common_argv(args: argparse.Namespace) -> list[str]:
 def add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=None, help="HF-style model dir (default: shipped tiny card)")
-    g.add_argument("--served-model-name", default=None)
-    g.add_argument("--engine", choices=["mocker", "vllm"], default="mocker")
+    g.add_argument(
+        "--served-model-name", default=None, help="the name clients send (default: the dir's name)"
+    )
+    g.add_argument(
+        "--engine",
+        choices=["mocker", "vllm"],
+        default="mocker",
+        help="mocker: simulated engine on the CPU; vllm: vLLM on a GPU",
+    )
 
 
 MODEL_FLAGS = ("model", "served_model_name", "engine")
@@ -182,7 +199,9 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
 
 def add_routing(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("routing")
-    g.add_argument("--router", choices=POLICY_NAMES, default="kv")
+    g.add_argument(
+        "--router", choices=POLICY_NAMES, default="kv", help="routing policy (see the README)"
+    )
     g.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
     KV.add_to(p)
 
