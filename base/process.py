@@ -23,6 +23,17 @@ import structlog
 log = structlog.get_logger("jetfleet.up")
 
 
+def die_with_parent() -> None:
+    """In a child between fork and exec: SIGTERM it when its parent dies (Linux
+    ``PR_SET_PDEATHSIG``), so a killed supervisor never leaves its processes behind."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
 def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "infra.cli", *args]
 
@@ -44,7 +55,12 @@ class ProcessGroup:
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
         log_path = self.log_dir / f"{name}.log"
         if self.inherit_output:
-            proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         else:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             with log_path.open("ab") as out:
@@ -54,6 +70,7 @@ class ProcessGroup:
                     stderr=subprocess.STDOUT,
                     env={**os.environ, **(env or {})},
                     start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
         child = Child(name, argv, proc, log_path)
         self.children[name] = child

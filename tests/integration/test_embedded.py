@@ -114,13 +114,16 @@ async def test_two_redis_servers_serve_and_stop(tmp_path: Path) -> None:
         assert not port_is_open(server.host, server.port)
 
 
-def test_busy_port_fails_with_the_log_tail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cls", [EmbeddedRedis, EmbeddedNats])
+def test_a_server_already_on_the_port_is_refused_not_adopted(tmp_path: Path, cls: type) -> None:
+    """A server left by an earlier run answers on the port: starting must fail clearly rather
+    than report success while using the stale server."""
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        server = EmbeddedRedis(tmp_path, port=port)
-        with pytest.raises(ServerStartError, match="Address already in use"):
+        server = cls(tmp_path, port=port)
+        with pytest.raises(ServerStartError, match="already listens"):
             server.start(timeout_s=10)
         assert not server.running
 
