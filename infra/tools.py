@@ -9,10 +9,12 @@ import time
 import uuid
 from typing import Any
 
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from base.connect import connect_nats
 from base.topology import ensure_topology
+from base.worker_watch import WorkerWatch
 from schemas import (
     ModelCard,
     Request,
@@ -20,13 +22,12 @@ from schemas import (
     Subjects,
     TokenChunk,
     WorkerLoad,
-    WorkerRegistration,
     decode,
     encode,
     to_builtins,
 )
 from schemas.requests import submit_msg_id
-from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
+from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET
 
 
 async def infra_init(nats_url: str, subjects: Subjects, replicas: int, quiet: bool = False) -> int:
@@ -64,7 +65,7 @@ async def load_cards(js: JetStreamContext, subjects: Subjects) -> dict[str, Mode
 async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
     from model.tokenizer import ModelTokenizer
 
-    nc = await connect_nats(args.nats, name="jetfleet-publish")
+    nc = await connect_tool(args.nats, "jetfleet-publish")
     js = nc.jetstream()
     try:
         cards = await load_cards(js, subjects)
@@ -119,19 +120,17 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
         await nc.close()
 
 
-async def fleet_status(js: JetStreamContext, subjects: Subjects) -> dict[str, Any]:
-    kv = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
+async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
+    """Workers and models as the buckets hold them. The registrations are read with a watch (its
+    initial values end with a marker), never by listing keys: a key listing that fails or comes
+    back empty under load would read as an empty fleet."""
+    js = nc.jetstream()
+    watch = WorkerWatch(nc, subjects)
+    await watch.start()
+    await watch.stop()
     workers: list[dict[str, Any]] = []
-    try:
-        keys = await kv.keys()
-    except Exception:
-        keys = []
     now = time.time()
-    for key in keys:
-        entry = await kv.get(key)
-        if not entry.value:
-            continue
-        reg = decode(entry.value, WorkerRegistration)
+    for reg in watch.regs.values():
         age = now - reg.heartbeat_at_s
         row: dict[str, Any] = {
             "worker_id": reg.worker_id,
@@ -173,10 +172,20 @@ async def fleet_status(js: JetStreamContext, subjects: Subjects) -> dict[str, An
     return {"models": models, "workers": sorted(workers, key=lambda w: w["worker_id"])}
 
 
-async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
-    nc = await connect_nats(nats_url, name="jetfleet-status")
+async def connect_tool(url: str, name: str) -> NATS:
+    """A command-line tool's connection: one try, a clear error when NATS does not answer."""
     try:
-        report = await fleet_status(nc.jetstream(), subjects)
+        return await connect_nats(
+            url, name=name, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3
+        )
+    except Exception as exc:
+        raise SystemExit(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
+
+
+async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
+    nc = await connect_tool(nats_url, "jetfleet-status")
+    try:
+        report = await fleet_status(nc, subjects)
     finally:
         await nc.close()
     if as_json:

@@ -35,7 +35,26 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_commands(sub)
     serve.add_commands(sub)
     planner.add_commands(sub)
+    _explain(ap)
     return ap
+
+
+def _explain(parser: argparse.ArgumentParser) -> None:
+    """Every subcommand gets its one-line help as its description, and every option that has a
+    default and does not say it shows it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {c.dest: c.help for c in action._choices_actions}
+            for name, sub in action.choices.items():
+                sub.description = sub.description or helps.get(name)
+                _explain(sub)
+        elif (
+            action.option_strings
+            and action.help
+            and "default" not in action.help
+            and action.default not in (None, False, [], (), "", argparse.SUPPRESS)
+        ):
+            action.help += " (default: %(default)s)"
 
 
 def main(argv: list[str] | None = None) -> int:

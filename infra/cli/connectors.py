@@ -101,7 +101,11 @@ def add_kubernetes_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help="bearer token for --api-server")
     p.add_argument("--token-file", default=None, help="file holding the bearer token")
     p.add_argument("--ca-cert", default=None, help="CA bundle of the API server's certificate")
-    p.add_argument("--insecure-skip-tls-verify", action="store_true")
+    p.add_argument(
+        "--insecure-skip-tls-verify",
+        action="store_true",
+        help="do not check the API server's certificate (testing only)",
+    )
     p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
     p.add_argument("--context", default=None, help="kubeconfig context")
     p.add_argument("--request-timeout", type=float, default=10.0, help="seconds per API call")

@@ -43,28 +43,30 @@ def add_commands(sub: Any) -> None:
 
     srv = sub.add_parser("servers", help="run only the embedded NATS and Redis")
     add_common(srv, nats=False)
-    srv.add_argument("--nats-port", type=int, default=14222)
-    srv.add_argument("--redis-port", type=int, default=16379)
-    srv.add_argument("--state-dir", default=".jetfleet")
+    srv.add_argument("--nats-port", type=int, default=14222, help="NATS port (0: any free one)")
+    srv.add_argument("--redis-port", type=int, default=16379, help="Redis port (0: any free one)")
+    srv.add_argument("--state-dir", default=".jetfleet", help="server data and logs")
 
     infra = sub.add_parser("infra", help="infrastructure")
     isub = infra.add_subparsers(dest="infra_cmd", required=True)
     init = isub.add_parser("init", help="create or update all streams, buckets, object stores")
     add_common(init)
-    init.add_argument("--replicas", type=int, default=1)
+    init.add_argument(
+        "--replicas", type=int, default=1, help="stream replicas (3 on a NATS cluster)"
+    )
 
     pub = sub.add_parser("publish", help="submit a request over NATS only and stream the answer")
     add_common(pub)
     pub.add_argument("prompt", help="user message (chat template applied) or raw text with --raw")
     pub.add_argument("--model", default=None, help="served model name (default: the only one)")
-    pub.add_argument("--max-tokens", type=int, default=64)
-    pub.add_argument("--seed", type=int, default=None)
+    pub.add_argument("--max-tokens", type=int, default=64, help="tokens to generate")
+    pub.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     pub.add_argument("--raw", action="store_true", help="no chat template")
     pub.add_argument("--json", action="store_true", help="print each TokenChunk as JSON")
 
     st = sub.add_parser("status", help="the live fleet")
     add_common(st)
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], Any]) -> int:

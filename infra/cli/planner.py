@@ -81,7 +81,7 @@ def add_commands(sub: Any) -> None:
     pl.add_argument("--roles", default="agg", help="comma-separated roles to plan")
     pl.add_argument("--dry-run", action="store_true", help="publish decisions marked dry_run")
     pl.add_argument("--metrics-port", type=int, default=0, help="/metrics and /health (0: off)")
-    pl.add_argument("--metrics-host", default="127.0.0.1")
+    pl.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod (probes)")
     add_planner_args(pl)
 
     cn = sub.add_parser("connector", help="act on scaling decisions")
@@ -89,8 +89,10 @@ def add_commands(sub: Any) -> None:
     loc = csub.add_parser("local", help="start/stop worker processes on this machine")
     common(loc)
     engine_args(loc)
-    loc.add_argument("--initial", action="append", default=[], metavar="ROLE=N")
-    loc.add_argument("--log-dir", default=".jetfleet/logs")
+    loc.add_argument(
+        "--initial", action="append", default=[], metavar="ROLE=N", help="workers to start with"
+    )
+    loc.add_argument("--log-dir", default=".jetfleet/logs", help="the workers' log files")
     from infra.cli.connectors import add_kubernetes_args
 
     k8s = csub.add_parser("kubernetes", help="set Deployment replicas via the Kubernetes API")
@@ -101,34 +103,43 @@ def add_commands(sub: Any) -> None:
     rsub = rp.add_subparsers(dest="replay", required=True)
     rpl = rsub.add_parser("planner", help="re-run the planner over recorded metrics")
     common(rpl)
-    rpl.add_argument("--model", default="jetfleet-tiny")
+    rpl.add_argument("--model", default=None, help="served model (default: the fleet's only one)")
     rpl.add_argument(
         "--from", dest="from_", default="1h", help="15m (ago; also s/h/d), epoch or ISO 8601"
     )
-    rpl.add_argument("--to", default="now")
-    rpl.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE")
+    rpl.add_argument("--to", default="now", help="end of the range (now, 5m, epoch, ISO 8601)")
+    rpl.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replay with this planner setting changed (repeatable)",
+    )
     rpl.add_argument("--check", action="store_true", help="exit 1 if any decision differs")
-    rpl.add_argument("--json", action="store_true")
+    rpl.add_argument("--json", action="store_true", help="machine-readable output")
     rkv = rsub.add_parser("kv", help="the prefix index at a time; why a request went where")
     common(rkv)
     rkv.add_argument("--at", default=None, help="time (default: the request's, else now)")
     rkv.add_argument("--request", default=None, help="explain this request's routing")
     rkv.add_argument("--from", dest="from_", default="1h", help="where to look for the request")
-    rkv.add_argument("--json", action="store_true")
+    rkv.add_argument("--json", action="store_true", help="machine-readable output")
     rtr = rsub.add_parser("traffic", help="send recorded requests again, with their timing")
     common(rtr)
     rtr.add_argument("--from", dest="from_", default="15m", help="15m (ago), epoch or ISO 8601")
-    rtr.add_argument("--to", default="now")
+    rtr.add_argument("--to", default="now", help="end of the range (now, 5m, epoch, ISO 8601)")
     rtr.add_argument("--speed", type=float, default=1.0, help="2 = twice as fast")
     rtr.add_argument("--target-nats", default=None, help="the fleet to send to (default: same)")
-    rtr.add_argument("--target-prefix", default=None)
+    rtr.add_argument(
+        "--target-prefix", default=None, help="subject prefix of the target (default: same)"
+    )
     rtr.add_argument("--router", default="least-loaded", help="routing policy for the replay")
     rtr.add_argument("--redis", default=None, help="Redis of the target fleet (router kv)")
     rrq = rsub.add_parser("request", help="the life of one request across the streams")
     common(rrq)
     rrq.add_argument("request_id")
     rrq.add_argument("--from", dest="from_", default="1h", help="15m (ago), epoch or ISO 8601")
-    rrq.add_argument("--json", action="store_true")
+    rrq.add_argument("--json", action="store_true", help="machine-readable output")
 
     from infra.profile import add_profile_args
 
@@ -201,7 +212,8 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
 
 
 async def _replay(args: argparse.Namespace, subjects: Subjects) -> int:
-    from base.connect import close_nats, connect_nats
+    from base.connect import close_nats
+    from infra.tools import connect_tool
     from planner.replay import parse_time, print_report, replay_planner
 
     try:
@@ -209,11 +221,12 @@ async def _replay(args: argparse.Namespace, subjects: Subjects) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    nc = await connect_nats(args.nats, name="replay")
+    nc = await connect_tool(args.nats, "replay")
     try:
-        report = await replay_planner(
-            nc.jetstream(), subjects, args.model, from_s, to_s, args.settings
-        )
+        model = args.model or await _only_model(nc.jetstream(), subjects)
+        if model is None:
+            return 2
+        report = await replay_planner(nc.jetstream(), subjects, model, from_s, to_s, args.settings)
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -225,9 +238,24 @@ async def _replay(args: argparse.Namespace, subjects: Subjects) -> int:
     return 0
 
 
+async def _only_model(js: Any, subjects: Subjects) -> str | None:
+    """The fleet's one served model; None (after saying why) when there are none or several."""
+    from infra.tools import load_cards
+
+    names = sorted(await load_cards(js, subjects))
+    if len(names) == 1:
+        return names[0]
+    print(
+        "choose --model from: " + ", ".join(names) if names else "no model is registered",
+        file=sys.stderr,
+    )
+    return None
+
+
 async def _replay_request(args: argparse.Namespace, subjects: Subjects) -> int:
-    from base.connect import close_nats, connect_nats
+    from base.connect import close_nats
     from infra.replay_request import print_timeline, request_timeline
+    from infra.tools import connect_tool
     from planner.replay import parse_time
 
     try:
@@ -235,7 +263,7 @@ async def _replay_request(args: argparse.Namespace, subjects: Subjects) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    nc = await connect_nats(args.nats, name="replay")
+    nc = await connect_tool(args.nats, "replay")
     try:
         entries = await request_timeline(nc.jetstream(), subjects, args.request_id, from_s)
     finally:
@@ -245,8 +273,8 @@ async def _replay_request(args: argparse.Namespace, subjects: Subjects) -> int:
 
 
 async def _replay_kv(args: argparse.Namespace, subjects: Subjects) -> int:
-    from base.connect import close_nats, connect_nats
-    from infra.tools import load_cards
+    from base.connect import close_nats
+    from infra.tools import connect_tool, load_cards
     from planner.replay import parse_time
     from router.kv.replay import print_kv, replay_kv
 
@@ -256,7 +284,7 @@ async def _replay_kv(args: argparse.Namespace, subjects: Subjects) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    nc = await connect_nats(args.nats, name="replay")
+    nc = await connect_tool(args.nats, "replay")
     try:
         js = nc.jetstream()
         cards = await load_cards(js, subjects)

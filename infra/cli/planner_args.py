@@ -36,13 +36,27 @@ def add_planner_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=None, help="adjustment interval, s (30)")
     p.add_argument("--ttft-target", type=float, default=None, help="p90 TTFT target, s (0.5)")
     p.add_argument("--itl-target", type=float, default=None, help="mean ITL target, s (0.05)")
-    p.add_argument("--mode", choices=["throughput", "load"], default=None)
-    p.add_argument("--predictor", choices=sorted(PREDICTOR_NAMES), default=None)
+    p.add_argument(
+        "--mode",
+        choices=["throughput", "load"],
+        default=None,
+        help="throughput: size for predicted demand; load: react to measured load (throughput)",
+    )
+    p.add_argument(
+        "--predictor",
+        choices=sorted(PREDICTOR_NAMES),
+        default=None,
+        help="demand predictor of throughput mode",
+    )
     p.add_argument(
         "--profile", default=None, help="capacity profile: JSON file, or mocker[:SPEEDUP]"
     )
-    p.add_argument("--min-replicas", action="append", default=[], metavar="ROLE=N")
-    p.add_argument("--max-replicas", action="append", default=[], metavar="ROLE=N")
+    p.add_argument(
+        "--min-replicas", action="append", default=[], metavar="ROLE=N", help="per role (1)"
+    )
+    p.add_argument(
+        "--max-replicas", action="append", default=[], metavar="ROLE=N", help="per role (8)"
+    )
     p.add_argument("--max-total-replicas", type=int, default=None, help="GPU budget (16)")
     p.add_argument("--scale-up-cooldown", type=float, default=None, help="s (60)")
     p.add_argument("--scale-down-cooldown", type=float, default=None, help="s (300)")

@@ -90,8 +90,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
             kv=KV.build(args),
             client=SERVICE_CLIENT.build(args),
         )
-        runner(run_router_service(cfg))
-        return 0
+        return _serve(runner, run_router_service(cfg), "router-service", args)
     if args.cmd == "indexer":
         from router.indexer import run_indexer
 
@@ -123,7 +122,23 @@ def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> i
         client=CLIENT.build(args),
         http=http,
     )
-    runner(run_frontend(cfg))
+    return _serve(runner, run_frontend(cfg), "frontend", args)
+
+
+def _serve(runner: Runner, coro: Any, command: str, args: argparse.Namespace) -> int:
+    """Run a routing service; an unreachable Redis is one clear line, not a traceback."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    try:
+        runner(coro)
+    except RedisConnectionError as exc:
+        print(
+            f"jetfleet {command}: cannot reach Redis at {args.redis} ({exc}); the kv router "
+            "keeps its index there (--redis URL, or a router without Redis: --router "
+            "least-loaded)",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

@@ -36,7 +36,7 @@ def slow_fleet(nats_server, tmp_path_factory):
 async def live_workers(fleet: Fleet) -> dict[str, dict]:
     nc = await connect_nats(fleet.nats_url, name="test-status")
     try:
-        report = await fleet_status(nc.jetstream(), Subjects(fleet.prefix))
+        report = await fleet_status(nc, Subjects(fleet.prefix))
     finally:
         await nc.close()
     return {w["worker_id"]: w for w in report["workers"] if w["status"] == "ready"}

@@ -71,6 +71,15 @@ async def test_two_processes_share_the_port_and_metrics(nats_server, tmp_path) -
 
 
 def test_an_idle_keep_alive_connection_outlives_uvicorns_default(fleet) -> None:
+    _idle_then_serve(fleet, 6.0)  # uvicorn's default closes at 5 s
+
+
+@pytest.mark.slow
+def test_a_pooled_connection_idle_80_s_serves_its_next_request(fleet) -> None:
+    _idle_then_serve(fleet, 80.0)  # longer than an nginx (75 s) or ALB (60 s) idle timeout
+
+
+def _idle_then_serve(fleet, idle_s: float) -> None:
     host, port = "127.0.0.1", int(fleet.base_url.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection(host, port, timeout=30)
     body = '{"model": "jetfleet-tiny", "prompt": "hi", "max_tokens": 2}'
@@ -78,7 +87,7 @@ def test_an_idle_keep_alive_connection_outlives_uvicorns_default(fleet) -> None:
     conn.request("POST", "/v1/completions", body, headers)
     assert conn.getresponse().read() and conn.sock is not None
     sock = conn.sock
-    time.sleep(6.0)  # the idle time under test: uvicorn's default closes at 5 s
+    time.sleep(idle_s)  # the idle time is what is under test
     conn.request("POST", "/v1/completions", body, headers)
     r = conn.getresponse()
     assert r.status == 200 and r.read()

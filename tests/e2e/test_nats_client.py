@@ -107,3 +107,17 @@ def test_status_cli_json(routed_fleet):
     live = [w for w in report["workers"] if w["status"] == "ready"]
     assert len(live) == 2
     assert all(w["role"] == "agg" and w["heartbeat_age_s"] < 5 for w in live)
+
+
+def test_a_router_service_without_redis_says_so_in_one_line(fleet):
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "infra.cli", "router-service", "--nats", fleet.nats_url,
+            "--subject-prefix", fleet.prefix, "--redis", "redis://127.0.0.1:1/0",
+        ],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("jetfleet")]
+    assert len(lines) == 1 and "cannot reach Redis at redis://127.0.0.1:1/0" in lines[0]
+    assert "Traceback" not in done.stderr

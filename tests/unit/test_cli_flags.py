@@ -105,3 +105,34 @@ def test_every_indexer_field_but_the_wiring_is_a_flag() -> None:
     from router.indexer import IndexerConfig
 
     assert names == {f.name for f in dataclasses.fields(IndexerConfig)} - wiring
+
+
+def _subparsers(parser: argparse.ArgumentParser, path: str = "jetfleet"):
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subparsers(sub, f"{path} {name}")
+
+
+def test_every_command_and_option_explains_itself() -> None:
+    missing = []
+    for path, parser in _subparsers(build_parser()):
+        parser.format_help()  # renders (no stray % in a help text)
+        if path != "jetfleet" and not parser.description:
+            missing.append(f"{path}: no description")
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) or not action.option_strings:
+                continue
+            if "-h" in action.option_strings:
+                continue
+            if not action.help:
+                missing.append(f"{path} {action.option_strings[0]}: no help")
+            elif action.default not in (None, False, [], (), "") and "default" not in action.help:
+                missing.append(f"{path} {action.option_strings[0]}: default not shown")
+    assert missing == []
+
+
+def test_up_does_not_accept_a_nats_url_it_would_ignore() -> None:
+    with pytest.raises(SystemExit):
+        parse("up", "--nats", "nats://elsewhere:4222")
