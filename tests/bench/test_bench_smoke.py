@@ -88,3 +88,15 @@ def test_planner_ramp_bench():
         assert run["errors"] == 0 and run["requests"] == d["load"]["requests"]
         assert run["replica_s"] > 0 and 0.0 <= run["within_targets"] <= 1.0
     assert trough["scaling_actions"] == 0
+
+
+def test_long_prompts_bench():
+    d = run_bench(
+        "long_prompts", "--requests", "6", "--concurrency", "3", "--prompt-tokens", "1500",
+        "--head-tokens", "1200", "--fresh-tokens", "32", "--output-tokens", "4",
+        "--speedup", "50", "--frontends", "1",
+    )  # fmt: skip
+    runs = {r["workload"]: r for r in d["runs"]}
+    assert set(runs) == {"fresh", "prefix"}
+    assert all(r["errors"] == 0 and r["frontend_cpu_ms_per_request"] > 0 for r in runs.values())
+    assert runs["prefix"]["cached_tokens"] > 0  # the heads were served from the workers' cache
