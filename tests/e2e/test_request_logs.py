@@ -53,6 +53,4 @@ async def test_a_request_id_joins_the_frontend_and_worker_logs(fleet) -> None:
 
     assert await wait_for(lambda: {"request_started", "request_finished"} <= worker_events(), 10)
     rejected = bad.headers["x-request-id"]
-    assert any(
-        e.get("status") == bad.status_code for e in _events(fleet.log("frontend"), rejected)
-    )
+    assert any(e.get("status") == bad.status_code for e in _events(fleet.log("frontend"), rejected))
