@@ -142,6 +142,7 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
             "max_num_seqs": reg.max_num_seqs,
             "num_gpu_blocks": reg.num_gpu_blocks,
             "block_size": reg.block_size,
+            "metrics_url": reg.metrics_url or None,
         }
         try:
             raw = await js.get_last_msg(
@@ -195,7 +196,7 @@ async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
         print(f"model {m['name']}: {m['workers']} live workers, context {m['context_length']}")
     print(
         f"{'WORKER':<14} {'MODEL':<16} {'ROLE':<7} {'STATUS':<9} {'RUN':>4} {'WAIT':>5} "
-        f"{'KV%':>6} {'HB AGE':>7}"
+        f"{'KV%':>6} {'HB AGE':>7}  METRICS"
     )
     for w in report["workers"]:
         kv = "-" if w["kv_usage"] is None else f"{100 * w['kv_usage']:.1f}"
@@ -203,6 +204,6 @@ async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
             f"{w['worker_id']:<14} {w['model']:<16} {w['role']:<7} {w['status']:<9} "
             f"{w['num_running'] if w['num_running'] is not None else '-':>4} "
             f"{w['num_waiting'] if w['num_waiting'] is not None else '-':>5} {kv:>6} "
-            f"{w['heartbeat_age_s']:>6.1f}s"
+            f"{w['heartbeat_age_s']:>6.1f}s  {w['metrics_url'] or '-'}"
         )
     return 0

@@ -14,7 +14,7 @@ import structlog
 
 from base.process import ProcessGroup, cli_command, wait_http_ok
 from infra.cli.components import engine_argv, routing_argv
-from infra.embedded import EmbeddedNats, EmbeddedRedis
+from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from schemas import Subjects
 
 log = structlog.get_logger("jetfleet.up")
@@ -65,7 +65,11 @@ def run_servers(args: argparse.Namespace) -> int:
 
 
 def _start_autoscaling(
-    args: argparse.Namespace, group: ProcessGroup, common: list[str], engine: list[str]
+    args: argparse.Namespace,
+    group: ProcessGroup,
+    common: list[str],
+    engine: list[str],
+    metrics_port: int,
 ) -> None:
     """The local connector starts (and owns) the workers; the planner resizes them. The
     planner's capacity profile defaults to the mocker's at this ``--speedup``."""
@@ -88,7 +92,14 @@ def _start_autoscaling(
     group.start(
         "planner",
         cli_command(
-            "planner", *common, "--model", served_name(args), *profile, *planner_flags(args)
+            "planner",
+            *common,
+            "--model",
+            served_name(args),
+            "--metrics-port",
+            str(metrics_port),
+            *profile,
+            *planner_flags(args),
         ),
     )
 
@@ -112,13 +123,18 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     try:
         uvloop.run(infra_init(nats.url, subjects, 1, quiet=True))
         engine = engine_argv(args)
+        ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
-            _start_autoscaling(args, group, common, engine)
+            ops["planner"] = free_port()
+            _start_autoscaling(args, group, common, engine, ops["planner"])
         else:
             for i in range(args.workers):
-                group.start(f"worker-{i}", cli_command("worker", *common, *engine))
+                worker = cli_command("worker", *common, *engine, "--metrics-port", "-1")
+                group.start(f"worker-{i}", worker)
         if args.router == "kv":
-            group.start("indexer", cli_command("indexer", *common, "--redis", redis.url))
+            ops["indexer"] = free_port()
+            indexer = ["--redis", redis.url, "--metrics-port", str(ops["indexer"])]
+            group.start("indexer", cli_command("indexer", *common, *indexer))
         routing = [*routing_argv(args), "--redis", redis.url]
         # NATS-only clients (fleet.submit.{model}, ``jetfleet publish``) get the same routing
         group.start("router", cli_command("router-service", *common, *routing))
@@ -138,6 +154,11 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         )
         wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
         scaling = ", autoscaled by the planner" if args.planner else ""
+        ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))
+        _say(
+            f"metrics: frontend http://{args.host}:{args.port}/metrics  {ops_lines}  "
+            f"workers: jetfleet status --nats {nats.url}"
+        )
         _say(
             f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "
             f"({args.workers} {args.engine} workers{scaling}, router {args.router})\n"

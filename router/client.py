@@ -59,7 +59,7 @@ class ClientConfig:
     stall_timeout_s: float = 60.0  # no chunk for this long from a live worker: migrate
     max_attempts: int = 3  # first try + migrations
     max_waiting_per_worker: int = 64  # shed when every worker holds capacity + this
-    wait_for_worker_s: float = 0.0  # with no worker at all, wait this long before failing
+    wait_for_worker_s: float = 5.0  # with no live worker for the model, wait this long, then 503
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
     started_at_s: float = 0.0
     host: str = ""
     pid: int = 0
+    metrics_url: str = ""  # the worker's operations port (/metrics, /health, /ready), if served
     v: int = 1
 
 

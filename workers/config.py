@@ -33,7 +33,7 @@ class WorkerConfig:
     ack_wait_s: float = 30.0  # JetStream redelivers a request not touched for this long
     drain_timeout_s: float = 60.0  # SIGTERM: longest wait for in-flight requests
     max_pending_requests: int = 1024  # un-acked routed requests the server may push at once
-    metrics_port: int = 0  # Prometheus /metrics and /health; 0 = off
+    metrics_port: int = 0  # Prometheus /metrics, /health, /ready; 0 = off, -1 = any free port
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a pod, for the kubelet's probes
     block_size: int = 16
     pid: int = field(default_factory=os.getpid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from socket import gethostname
 
 import structlog
 from prometheus_client import CollectorRegistry
@@ -72,8 +73,10 @@ async def run_worker(
             return False, "draining"
         return True, ""
 
-    if cfg.metrics_port:
-        start_ops_server(cfg.metrics_port, prom, health, cfg.metrics_host)
+    if cfg.metrics_port:  # -1: any free port, advertised in the registration
+        ops = start_ops_server(max(cfg.metrics_port, 0), prom, health, cfg.metrics_host)
+        host = cfg.metrics_host if cfg.metrics_host not in ("0.0.0.0", "::") else gethostname()
+        registry.metrics_url = f"http://{host}:{ops.server_port}"
     runtime = WorkerRuntime(
         cfg, engine, nc, registry, tokenizer, WorkerMetrics(prom, cfg.model_name, cfg.worker_id)
     )

@@ -24,6 +24,7 @@ log = structlog.get_logger("jetfleet.worker")
 
 class Registry:
     def __init__(self, cfg: WorkerConfig, js: JetStreamContext, engine: Engine) -> None:
+        self.metrics_url = ""  # set when the operations port is up
         self.cfg = cfg
         self.js = js
         self.engine = engine
@@ -65,6 +66,7 @@ class Registry:
             started_at_s=self._started_at,
             host=socket.gethostname(),
             pid=c.pid,
+            metrics_url=self.metrics_url,
         )
 
     async def register(self) -> None:

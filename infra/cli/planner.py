@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
             args.nats,
             subjects.prefix,
             args.log_dir,
-            engine_argv(args),
+            [*engine_argv(args), "--metrics-port", "-1"],  # each worker advertises its port
             args.log_level,
         )
         return int(

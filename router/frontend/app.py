@@ -42,7 +42,7 @@ from router.frontend.tokenize import (
     TokenizeConfig,
     TokenizeMetrics,
 )
-from schemas import Request, SamplingParams
+from schemas import Request, RequestObservation, SamplingParams
 from schemas import encode as wire_encode
 
 log = structlog.get_logger("jetfleet.frontend")
@@ -260,8 +260,8 @@ class Frontend:
             completion_req = parse_completion_request(body)
             creq, params = completion_req, completion_generation_params(completion_req)
         served = self.discovery.models.get(creq.model)
-        if served is None or creq.model not in self.discovery.state.models():
-            self.metrics.requests.labels(creq.model, endpoint, "404").inc()
+        if served is None:  # a model the fleet has served waits for a worker below, then 503s
+            self.metrics.requests.labels("unknown", endpoint, "404").inc()
             raise OpenAIError(
                 404,
                 f"The model `{creq.model}` does not exist.",
@@ -400,6 +400,7 @@ class Frontend:
                 await g.cancel("shed")
             self.metrics.shed.labels(model).inc()
             self.metrics.requests.labels(model, endpoint, "503").inc()
+            await self._observe_shed(rid, model, len(prompt))
             raise OpenAIError(
                 503,
                 str(exc),
@@ -523,6 +524,19 @@ class Frontend:
         completion = sum(len(c.gen.generated) for c in choices)
         cached = max((c.gen.cached_tokens for c in choices), default=0)
         return usage_body(prompt_len, completion, cached)
+
+    async def _observe_shed(self, rid: str, model: str, prompt_len: int) -> None:
+        """A request turned away is demand too: the planner counts it (scale from zero)."""
+        obs = RequestObservation(
+            request_id=rid,
+            model=model,
+            status="shed",
+            ts_s=time.time(),
+            isl_tokens=prompt_len,
+            frontend_id=self.frontend_id,
+        )
+        with contextlib.suppress(Exception):
+            await self.nc.publish(self.subjects.obs(model), wire_encode(obs))
 
     async def _observe(
         self, model: str, choices: list[_Choice], accepted: float, prompt_len: int, status: str

@@ -200,3 +200,26 @@ async def test_saturated_fleet_sheds_with_503(nats_server, tmp_path):
         assert shed.json()["error"]["type"] == "service_unavailable"
     finally:
         f.stop()
+
+
+async def test_a_known_model_without_workers_answers_503_and_counts_as_demand(
+    nats_server, tmp_path
+):
+    f = Fleet(nats_server.url, tmp_path)
+    try:
+        worker = f.add_worker()
+        f.start_frontend("--router", "round-robin", "--wait-for-worker", "0.5")
+        async with httpx.AsyncClient(timeout=60) as client:
+            assert (await complete(client, f))["usage"]["completion_tokens"] == 4
+            f.terminate(worker)
+            await wait_for(lambda: _gone(f, worker), timeout=20)
+            async with Observations(f) as obs:
+                r = await client.post(
+                    f"{f.base_url}/v1/completions", json={"model": M, "prompt": "x"}
+                )
+                await wait_for(lambda: any(o.status == "shed" for o in obs.items), timeout=10)
+        assert r.status_code == 503, r.text  # not 404: the model exists, its workers do not
+        assert r.json()["error"]["code"] == "no_workers"
+        assert r.headers["retry-after"] == "1"
+    finally:
+        f.stop()

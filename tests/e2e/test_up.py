@@ -3,12 +3,14 @@ answers, decisions that ``jetfleet replay planner --check`` reproduces, a clean 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,6 +53,28 @@ def _replay_until(nats_url: str, intervals: int) -> subprocess.CompletedProcess[
 
     _wait_until(enough, 30, f"{intervals} planner intervals recorded and reproduced")
     return result[0]
+
+
+def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
+    """up lists an operations port for the frontend, indexer and planner; the workers advertise
+    theirs in discovery (``jetfleet status``); each answers /metrics and /health."""
+    found = re.search(r"metrics: (.*)", out.read_text())  # printed before "jetfleet is up"
+    assert found, out.read_text()[-3000:]
+    banner = found.group(1)
+    urls = re.findall(r"(http://[0-9.:]+)/metrics", banner)
+    assert f"http://127.0.0.1:{port}" in urls and len(urls) >= 3  # frontend, indexer, planner
+    status = subprocess.run(
+        cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
+    )
+    assert status.returncode == 0, status.stderr
+    workers = json.loads(status.stdout)["workers"]
+    assert workers and all(w["metrics_url"] for w in workers)
+    for url in urls + [w["metrics_url"] for w in workers]:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+            assert r.status == 200 and b"# TYPE" in r.read()
+        if url != f"http://127.0.0.1:{port}":
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                assert json.loads(r.read())["status"] == "ok"
 
 
 def _readme_nats_snippet_streams(nats_url: str, tmp_path: Path) -> None:
@@ -122,6 +146,7 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
                 max_tokens=8,
             )
             assert r.choices[0].finish_reason in ("length", "stop")
+        _every_process_is_observable(out, nats_url, port)
         _readme_nats_snippet_streams(nats_url, tmp_path)
         published = subprocess.run(
             cli_command("publish", "Hello over NATS", "--nats", nats_url, "--max-tokens", "8"),
