@@ -29,7 +29,7 @@ class WorkerMetrics:
             f"{ns}_request_duration_seconds",
             "Admission to last token",
             list(labels),
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 3600),
             registry=registry,
         ).labels(**labels)
 
@@ -40,8 +40,15 @@ class WorkerMetrics:
         self._running = gauge("num_running", "Sequences in the running batch")
         self._waiting = gauge("num_waiting", "Sequences waiting (incl. preempted)")
         self._kv_usage = gauge("kv_usage", "Fraction of KV blocks in use")
-        self._preempted = gauge("num_preempted_total", "Preemptions since start")
-        self._hit_rate = gauge("prefix_cache_hit_rate", "Cached / total prompt tokens")
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"{ns}_{name}", doc, list(labels), registry=registry).labels(**labels)
+
+        # counters, as vLLM's: they sum over workers and rate() over time (a ratio gauge does not)
+        self._preemptions = counter("num_preemptions", "Sequences preempted (KV cache full)")
+        self._cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up")
+        self._cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self._seen = (0, 0, 0)  # the engine's totals at the last load report
         self._labels = labels
 
     def observe_finished(self, ar: ActiveRequest, now: float) -> None:
@@ -56,6 +63,10 @@ class WorkerMetrics:
         self._running.set(load.num_running)
         self._waiting.set(load.num_waiting)
         self._kv_usage.set(load.kv_usage)
-        self._preempted.set(load.num_preempted_total)
-        if load.prompt_tokens_total:
-            self._hit_rate.set(load.cached_tokens_total / load.prompt_tokens_total)
+        now = (load.num_preempted_total, load.prompt_tokens_total, load.cached_tokens_total)
+        for counter, new, old in zip(
+            (self._preemptions, self._cache_queries, self._cache_hits), now, self._seen, strict=True
+        ):
+            if new > old:
+                counter.inc(new - old)
+        self._seen = now

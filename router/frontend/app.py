@@ -48,6 +48,7 @@ from schemas import encode as wire_encode
 log = structlog.get_logger("jetfleet.frontend")
 access_log = structlog.get_logger("jetfleet.access")
 
+_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 
 
@@ -136,6 +137,9 @@ class Frontend:
         try:
             await self._route_http(scope, receive, send_with_id, path, method, ctx)
         finally:
+            if path in _ENDPOINTS and "outcome" not in ctx:  # refused: count it by its status
+                model = ctx.get("model", "unknown")
+                self.metrics.requests.labels(model, _ENDPOINTS[path], str(status[0] or 499)).inc()
             if self.cfg.access_log and path.startswith("/v1/"):
                 access_log.info(
                     "request",
@@ -182,6 +186,8 @@ class Frontend:
                 await asgi.send_text(
                     send, 200, self.metrics.exposition(), CONTENT_TYPE_LATEST.encode()
                 )
+            elif path == "/discovery/prometheus" and method == "GET":
+                await asgi.send_json(send, 200, encode(self._scrape_targets()))
             else:
                 raise OpenAIError(404, f"Unknown path {path}", type="not_found_error")
         except OpenAIError as err:
@@ -201,6 +207,18 @@ class Frontend:
         if err.status in (429, 503):
             headers.append((b"retry-after", str(self.cfg.retry_after_s).encode()))
         await asgi.send_json(send, err.status, err.body(), headers)
+
+    def _scrape_targets(self) -> list[dict[str, Any]]:
+        """Prometheus HTTP service discovery: every live worker's operations port, from the
+        fleet's discovery (``http_sd_configs`` in infra/deploy/prometheus.yml)."""
+        out = []
+        for view in sorted(self.discovery.state.workers.values(), key=lambda v: v.worker_id):
+            reg = view.reg
+            if reg.metrics_url:
+                target = reg.metrics_url.removeprefix("http://").removeprefix("https://")
+                labels = {"worker_id": reg.worker_id, "model": reg.model, "role": reg.role}
+                out.append({"targets": [target], "labels": labels})
+        return out
 
     def _models_body(self) -> dict[str, Any]:
         live = self.discovery.state.models()
@@ -261,7 +279,6 @@ class Frontend:
             creq, params = completion_req, completion_generation_params(completion_req)
         served = self.discovery.models.get(creq.model)
         if served is None:  # a model the fleet has served waits for a worker below, then 503s
-            self.metrics.requests.labels("unknown", endpoint, "404").inc()
             raise OpenAIError(
                 404,
                 f"The model `{creq.model}` does not exist.",
@@ -269,6 +286,7 @@ class Frontend:
                 param="model",
                 code="model_not_found",
             )
+        ctx["model"] = creq.model  # a served model: a bounded label value
         prompt = await self._prompt_tokens(served, creq, chat, len(body))
         max_tokens = resolve_max_tokens(
             params.max_tokens,
@@ -399,7 +417,6 @@ class Frontend:
             for g in gens:
                 await g.cancel("shed")
             self.metrics.shed.labels(model).inc()
-            self.metrics.requests.labels(model, endpoint, "503").inc()
             await self._observe_shed(rid, model, len(prompt))
             raise OpenAIError(
                 503,
@@ -411,7 +428,6 @@ class Frontend:
             for g in gens:
                 await g.cancel("routing_failed")
             log.error("routing_failed", model=model, error=str(exc))
-            self.metrics.requests.labels(model, endpoint, "503").inc()
             raise OpenAIError(
                 503,
                 f"routing unavailable: {exc}",
@@ -454,6 +470,12 @@ class Frontend:
             if chunk.token_ids:
                 if not c.first_at:
                     c.first_at = now
+                else:  # inter-token latency, per token: a chunk's gap spread over its tokens
+                    n = len(chunk.token_ids)
+                    gap = (now - c.last_at) / n
+                    itl = self.metrics.itl.labels(c.gen.request.model)
+                    for _ in range(n):
+                        itl.observe(gap)
                 c.last_at = now
             text = c.stops.feed(chunk.text)
             reason = chunk.finish_reason
@@ -546,12 +568,11 @@ class Frontend:
             osl = len(gen.generated)
             end = c.last_at or time.monotonic()
             ttft = (c.first_at - accepted) if c.first_at else 0.0
-            itl = (c.last_at - c.first_at) / (osl - 1) if osl > 1 and c.first_at else 0.0
             if c.first_at:
                 self.metrics.ttft.labels(model).observe(ttft)
-            if osl > 1:
-                self.metrics.itl.labels(model).observe(itl)
             self.metrics.duration.labels(model).observe(end - accepted)
+            self.metrics.isl.labels(model).observe(prompt_len)
+            self.metrics.osl.labels(model).observe(osl)
             self.metrics.tokens.labels(model, "prompt").inc(prompt_len)
             self.metrics.tokens.labels(model, "completion").inc(osl)
             self.metrics.tokens.labels(model, "cached").inc(gen.cached_tokens)

@@ -10,6 +10,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from schemas import RouteDecision
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_DURATION = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 3600)
+_ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5)
+_TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
 
 class FrontendMetrics:
@@ -27,7 +30,7 @@ class FrontendMetrics:
         self.registry = registry
         self.requests = Counter(
             f"{ns}_requests",
-            "HTTP requests by endpoint and status",
+            "Requests by endpoint and outcome: ok, error, cancelled, or the refusing HTTP status",
             ["model", "endpoint", "status"],
             registry=registry,
         )
@@ -38,20 +41,38 @@ class FrontendMetrics:
             multiprocess_mode="livesum",
         )
         self.ttft = Histogram(
-            f"{ns}_ttft_seconds", "Time to first token", ["model"], buckets=_LAT, registry=registry
+            f"{ns}_time_to_first_token_seconds",
+            "Accept to the first token",
+            ["model"],
+            buckets=(*_LAT, 60, 120, 300),
+            registry=registry,
         )
         self.itl = Histogram(
-            f"{ns}_itl_seconds",
-            "Mean inter-token latency per request",
+            f"{ns}_inter_token_latency_seconds",
+            "Time between tokens as the frontend receives them, one observation per token",
             ["model"],
-            buckets=_LAT,
+            buckets=_ITL,
             registry=registry,
         )
         self.duration = Histogram(
             f"{ns}_request_duration_seconds",
             "Accept to last token",
             ["model"],
-            buckets=_LAT,
+            buckets=_DURATION,
+            registry=registry,
+        )
+        self.isl = Histogram(
+            f"{ns}_input_sequence_tokens",
+            "Prompt tokens per request",
+            ["model"],
+            buckets=_TOKENS,
+            registry=registry,
+        )
+        self.osl = Histogram(
+            f"{ns}_output_sequence_tokens",
+            "Generated tokens per request",
+            ["model"],
+            buckets=_TOKENS,
             registry=registry,
         )
         self.tokens = Counter(

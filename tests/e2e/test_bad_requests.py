@@ -121,3 +121,12 @@ def test_a_prompt_far_past_the_context_is_refused_from_a_prefix(fleet):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and "at least" in err["message"]
+
+
+def test_refusals_are_counted_with_bounded_labels(fleet):
+    httpx.post(fleet.base_url + CHAT, json={"model": "rand-a1", "messages": MSG}, timeout=10)
+    httpx.post(fleet.base_url + CHAT, json={"model": M}, timeout=10)
+    text = httpx.get(fleet.base_url + "/metrics", timeout=10).text
+    assert 'model="rand-a1"' not in text  # a name a client made up is not a label value
+    assert 'jetfleet_frontend_requests_total{endpoint="chat",model="unknown",status="404"}' in text
+    assert 'jetfleet_frontend_requests_total{endpoint="chat",model="unknown",status="400"}' in text

@@ -55,6 +55,37 @@ def _replay_until(nats_url: str, intervals: int) -> subprocess.CompletedProcess[
     return result[0]
 
 
+FRONTEND_FAMILIES = {
+    "jetfleet_frontend_requests": "counter",
+    "jetfleet_frontend_time_to_first_token_seconds": "histogram",
+    "jetfleet_frontend_inter_token_latency_seconds": "histogram",
+    "jetfleet_frontend_request_duration_seconds": "histogram",
+    "jetfleet_frontend_input_sequence_tokens": "histogram",
+    "jetfleet_frontend_output_sequence_tokens": "histogram",
+    "jetfleet_frontend_in_flight": "gauge",
+    "jetfleet_frontend_tokenizer_cache_segments": "counter",
+    "jetfleet_frontend_tokenizer_seconds": "histogram",
+}
+WORKER_FAMILIES = {
+    "jetfleet_worker_requests_finished": "counter",
+    "jetfleet_worker_request_duration_seconds": "histogram",
+    "jetfleet_worker_num_preemptions": "counter",
+    "jetfleet_worker_prefix_cache_queries": "counter",
+    "jetfleet_worker_prefix_cache_hits": "counter",
+    "jetfleet_worker_kv_usage": "gauge",
+    "jetfleet_worker_num_running": "gauge",
+}
+
+
+def _families_have_their_types(url: str, want: dict[str, str]) -> None:
+    """Parsed with prometheus-client's own parser: each family there, with its type."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=5) as r:
+        families = {f.name: f.type for f in text_string_to_metric_families(r.read().decode())}
+    assert {name: families.get(name) for name in want} == want
+
+
 def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
     """up lists an operations port for the frontend, indexer and planner; the workers advertise
     theirs in discovery (``jetfleet status``); each answers /metrics and /health."""
@@ -75,6 +106,13 @@ def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
         if url != f"http://127.0.0.1:{port}":
             with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
                 assert json.loads(r.read())["status"] == "ok"
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/discovery/prometheus") as r:
+        targets = json.loads(r.read())
+    assert sorted(f"http://{t['targets'][0]}" for t in targets) == sorted(
+        w["metrics_url"] for w in workers
+    )
+    _families_have_their_types(f"http://127.0.0.1:{port}/metrics", FRONTEND_FAMILIES)
+    _families_have_their_types(f"{workers[0]['metrics_url']}/metrics", WORKER_FAMILIES)
 
 
 def _readme_nats_snippet_streams(nats_url: str, tmp_path: Path) -> None:
