@@ -68,10 +68,15 @@ def throughput_target(
         with_margin[phase] = replicas_needed(demand, capacity, cfg.scale_down_margin)
     phase = max(needed, key=lambda p: (needed[p], p))
     required = needed[phase]
-    why = (
+    why: tuple[str, ...] = (
         f"predicted {prediction.rps:.1f} rps (isl {prediction.isl:.0f}, osl "
         f"{prediction.osl:.0f}) needs {required} replicas ({phase})",
     )
+    if required == 0 and prediction.rps > 0.0:
+        # requests arrive but none finished to tell their lengths: turned away with no replica
+        # to serve them (scaled to zero). Any demand needs one.
+        required = 1
+        why = (*why, "requests arrive with no replica to measure them: 1")
     if required > current:
         return required, why
     if required < current:
@@ -91,6 +96,8 @@ def load_target(
     state = f"waiting {waiting:.1f}/replica, kv {kv:.0%}"
     if waiting > cfg.load_queue_high or kv > cfg.load_kv_high:
         return current + 1, (f"{state}: above threshold",)
+    if current == 0 and obs.num_requests > 0:  # scaled to zero and requests turned away
+        return 1, (f"{obs.num_requests} requests with no replica",)
     if waiting <= cfg.load_queue_low and kv <= cfg.load_kv_low and current > 0:
         return current - 1, (f"{state}: well below thresholds",)
     return current, (f"{state}: within thresholds",)

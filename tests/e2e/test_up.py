@@ -205,3 +205,37 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
     workers = (tmp_path / "state" / "logs").glob("agg-*.log")
     assert [w for w in workers], "the connector started the workers"
     _wait_until(lambda: not _pids_alive(children), 10, "every child process exits")
+
+
+def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
+    """--min-replicas agg=0: the planner scales the idle fleet to zero; a request then gets a 503
+    with Retry-After after a bounded wait, counts as demand, and the planner starts a worker;
+    the official client's retries then succeed."""
+    port = free_port()
+    out = tmp_path / "up.out"
+    argv = cli_command(
+        "up", "--workers", "1", "--speedup", "20", "--port", str(port), "--nats-port", "0",
+        "--redis-port", "0", "--state-dir", str(tmp_path / "state"), "--interval", "1",
+        "--min-replicas", "agg=0", "--scale-down-cooldown", "2", "--scale-up-cooldown", "1",
+    )  # fmt: skip
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        _wait_line(out, r"jetfleet is up", 90, proc)
+        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+
+        def ready_workers() -> int:
+            done = subprocess.run(
+                cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
+            )
+            return sum(w["status"] == "ready" for w in json.loads(done.stdout)["workers"])
+
+        _wait_until(lambda: ready_workers() == 0, 60, "the idle fleet scales to zero")
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=6)
+        started = time.monotonic()
+        r = client.completions.create(model="jetfleet-tiny", prompt="wake up", max_tokens=4)
+        assert r.usage is not None and r.usage.completion_tokens == 4
+        assert time.monotonic() - started < 60
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)

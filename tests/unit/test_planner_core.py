@@ -299,3 +299,16 @@ def test_scale_down_step_removes_several_replicas_only_when_safe():
     assert got[2] == 5  # 8 -> 5: three at once, the most one decision may remove
     assert got[-1] == 1
     assert "scale down to 5" in history[2][0].reasons
+
+
+@pytest.mark.parametrize(
+    "cfg", [replace(BASE, default_min_replicas=0), replace(LOAD, default_min_replicas=0)]
+)
+def test_scaled_to_zero_comes_back_for_turned_away_requests(cfg: PlannerConfig):
+    """At zero replicas the only requests are the ones turned away: no lengths are known (they
+    come from finished requests), yet they are demand."""
+    turned_away = replace(obs(0, 0.3, {"agg": 0}), mean_isl=0.0, mean_osl=0.0)
+    _, decisions = plan(cfg, PlannerState(), turned_away)
+    assert decisions[0].desired == 1
+    _, idle = plan(cfg, PlannerState(), obs(0, 0.0, {"agg": 0}))
+    assert idle[0].desired == 0  # no demand: stays at zero
