@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -34,6 +35,7 @@ from schemas import (
     encode,
 )
 from schemas.streams import router_consumer
+from schemas.validate import is_subject_token, request_problem
 
 log = structlog.get_logger("jetfleet.router_service")
 
@@ -50,24 +52,45 @@ class RouterServiceConfig:
 
 
 class RouterService:
-    def __init__(self, cfg: RouterServiceConfig, nc: NATS, client: FleetClient) -> None:
+    def __init__(
+        self,
+        cfg: RouterServiceConfig,
+        nc: NATS,
+        client: FleetClient,
+        vocab_size: Callable[[str], int | None] = lambda _model: None,
+    ) -> None:
         self.cfg = cfg
+        self.vocab_size = vocab_size  # the model's, once discovery has loaded its tokenizer
         self.nc = nc
         self.js = nc.jetstream()
         self.client = client
         self.followers: set[asyncio.Task[None]] = set()
 
     async def handle(self, msg: Msg) -> None:
+        """Route one submission; a bad one is terminated and dead-lettered (its client, when it
+        can be told, gets an error chunk) and never stops the service."""
         try:
             req = decode(msg.data, Request)
         except WireDecodeError as exc:
             await dead_letter(self.nc, self.cfg.subjects, "router", msg, str(exc))
             await msg.term()
             return
+        problem = request_problem(req, self.vocab_size(req.model))
+        if problem is not None:
+            await dead_letter(self.nc, self.cfg.subjects, "router", msg, f"invalid: {problem}")
+            await msg.term()
+            if is_subject_token(req.request_id):
+                await self._fail(req, f"invalid request: {problem}")
+            return
         try:
             gen = await self.client.generate(req)
         except (NoWorkersError, OverloadedError) as exc:
             await self._fail(req, str(exc))
+            await msg.ack()
+            return
+        except Exception as exc:  # routing backend down: the client hears it, the loop goes on
+            log.error("routing_failed", request_id=req.request_id, error=repr(exc))
+            await self._fail(req, f"routing failed: {exc}")
             await msg.ack()
             return
         await msg.ack()
@@ -129,7 +152,12 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
         StackConfig(cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client),
         name="router-service",
     )
-    service = RouterService(cfg, stack.nc, stack.client)
+
+    def vocab_size(model: str) -> int | None:
+        served = stack.discovery.models.get(model)
+        return None if served is None else served.tokenizer.vocab_size
+
+    service = RouterService(cfg, stack.nc, stack.client, vocab_size)
     stop = stop_event()
     log.info("router_service_ready", router=cfg.router)
     try:

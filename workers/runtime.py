@@ -38,6 +38,7 @@ from schemas import (
     ControlRequest,
     KvEventBatch,
     Request,
+    TokenChunk,
     WireDecodeError,
     decode,
     encode,
@@ -45,6 +46,7 @@ from schemas import (
 from schemas.control import CONTROL_OPS
 from schemas.kv_events import KvCacheEvent
 from schemas.streams import pool_consumer
+from schemas.validate import is_subject_token, request_problem
 from workers.config import WorkerConfig
 from workers.engine import Engine, EngineRequest
 from workers.kv_batching import split_events
@@ -144,11 +146,26 @@ class WorkerRuntime:
 
     # ---------------------------------------------------------------- requests in
     async def _on_request_msg(self, msg: Msg) -> None:
+        """Take one request message; whatever goes wrong with it stays with it (the consumer
+        goes on, the message is terminated rather than redelivered to spread)."""
+        try:
+            await self._take_request(msg)
+        except Exception as exc:
+            self.log.error("request_failed_to_start", error=repr(exc))
+            with contextlib.suppress(Exception):
+                await dead_letter(self.nc, self.subjects, "worker", msg, f"worker error: {exc!r}")
+                await msg.term()
+
+    async def _take_request(self, msg: Msg) -> None:
         try:
             req = decode(msg.data, Request)
         except WireDecodeError as exc:
             await dead_letter(self.nc, self.subjects, "worker", msg, str(exc))
             await msg.term()
+            return
+        problem = request_problem(req, self.tokenizer.vocab_size)
+        if problem is not None:
+            await self._refuse(req, msg, problem)
             return
         key = (req.request_id, req.attempt)
         current = self.active.get(req.request_id)
@@ -164,6 +181,25 @@ class WorkerRuntime:
         if current is not None:  # a newer attempt of a request we still run: replace it
             self.engine.abort(req.request_id)
         self._admit(req, msg)
+
+    async def _refuse(self, req: Request, msg: Msg, problem: str) -> None:
+        """A decodable but invalid request: terminated (never redelivered to another worker),
+        dead-lettered with the reason, and its client, if it can be told, ended at once."""
+        self.log.warning("request_refused", request_id=req.request_id[:64], reason=problem)
+        await dead_letter(self.nc, self.subjects, "worker", msg, f"invalid request: {problem}")
+        with contextlib.suppress(Exception):
+            await msg.term()
+        if is_subject_token(req.request_id):
+            chunk = TokenChunk(
+                request_id=req.request_id,
+                attempt=req.attempt,
+                index=0,
+                worker_id=self.cfg.worker_id,
+                finish_reason="error",
+                error=f"invalid request: {problem}",
+            )
+            with contextlib.suppress(Exception):
+                await self.nc.publish(self.subjects.tok(req.request_id), encode(chunk))
 
     def _admit(self, req: Request, msg: Msg) -> None:
         detok = IncrementalDetokenizer(self.tokenizer).step if req.detokenize else None

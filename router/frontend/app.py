@@ -49,11 +49,12 @@ log = structlog.get_logger("jetfleet.frontend")
 access_log = structlog.get_logger("jetfleet.access")
 
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_:")
 
 
 def _client_request_id(scope: asgi.Scope) -> str | None:
-    """The client's ``X-Request-Id``, when it is a sane id (at most 128 of [A-Za-z0-9-_.:])."""
+    """The client's ``X-Request-Id`` when it is a sane id: at most 128 of [A-Za-z0-9-_:] (it
+    becomes part of a NATS subject)."""
     for key, value in scope["headers"]:
         if key == b"x-request-id":
             text = str(value.decode("latin-1"))

@@ -283,6 +283,10 @@ def _decode(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
         raise _validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise _bad(None, f"Request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise _bad(None, "Request body is not valid UTF-8.") from None
+    except RecursionError:
+        raise _bad(None, "Request body nests too deeply.") from None
 
 
 def _validation_error(text: str) -> OpenAIError:

@@ -72,6 +72,25 @@ CASES = [
         400,
         None,
     ),
+    (
+        "invalid utf-8 in a string",
+        "POST",
+        CHAT,
+        b'{"model": "jetfleet-tiny", "messages": [{"role": "user", "content": "\xff\xfe"}]}',
+        400,
+        None,
+    ),
+    (
+        "nested 100k deep",
+        "POST",
+        CHAT,
+        b'{"model": "jetfleet-tiny", "messages": [], "x": '
+        + b"[" * 100_000
+        + b"]" * 100_000
+        + b"}",
+        400,
+        None,
+    ),
     ("wrong method", "GET", CHAT, None, 405, None),
     ("unknown path", "GET", "/v1/nothing", None, 404, None),
 ]
