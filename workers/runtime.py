@@ -223,6 +223,7 @@ class WorkerRuntime:
                 sampling=req.sampling,
                 lora_name=req.lora_name,
                 kv_transfer_params=req.kv_transfer_params,
+                num_generated_before=req.num_generated_before,
             ),
             ar,
         )

@@ -134,6 +134,12 @@ async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
         await wait_for(lambda: len(obs.items) >= 1, timeout=10)
     assert usage is not None and usage["completion_tokens"] == 400
     assert obs.items[-1].attempts == 2 and obs.items[-1].status == "ok"
+    async with httpx.AsyncClient(timeout=60) as client:  # the same seed, undisturbed
+        calm = await client.post(
+            f"{slow_fleet.base_url}/v1/completions",
+            json={**body, "stream": False, "stream_options": None},
+        )
+    assert "".join(texts) == calm.json()["choices"][0]["text"]  # no token repeated or lost
     slow_fleet.add_worker()  # restore two workers for the next tests
     await wait_for(lambda: _count(slow_fleet, 2), timeout=20)
 

@@ -272,3 +272,14 @@ def test_deterministic() -> None:
     assert a.steps == b.steps and a.events == b.events
     assert len(a.tokens) == 30 and set(a.finish.values()) == {"length"}
     assert any(isinstance(e, BlockRemoved) for e in a.events)
+
+
+def test_a_migrated_request_continues_the_same_stream() -> None:
+    """Attempt 2 carries the first k generated tokens in its prompt and starts at position k:
+    its output is exactly the rest of an undisturbed run with the same seed."""
+    whole = make_request("r", 12, max_tokens=10, seed=7)
+    undisturbed = add_and_run(make_scheduler(), whole).tokens["r"]
+    k = 4
+    moved = SeqRequest("r", whole.prompt_token_ids + tuple(undisturbed[:k]), 10 - k, 7, None, k)
+    resumed = add_and_run(make_scheduler(), moved).tokens["r"]
+    assert undisturbed[:k] + resumed == undisturbed

@@ -89,6 +89,7 @@ class MockerEngine:
                 max_tokens=sp.max_tokens,
                 seed=request_seed(request.request_id, sp.seed),
                 lora_name=request.lora_name,
+                first_position=request.num_generated_before,
             )
         )
         self._wake.set()

@@ -294,7 +294,7 @@ class Scheduler:
         )
 
     def _sample(self, seq: Sequence) -> SeqOutput:
-        token = self._token_source(seq.req.seed, len(seq.output))
+        token = self._token_source(seq.req.seed, seq.req.first_position + len(seq.output))
         seq.append_output(token)
         done = len(seq.output) >= seq.req.max_tokens
         if done:

@@ -22,6 +22,7 @@ class SeqRequest:
     max_tokens: int  # output tokens to generate (the mock never stops early)
     seed: int  # output tokens are a pure function of (seed, position)
     lora_name: str | None = None  # folded into the block hash seed
+    first_position: int = 0  # tokens earlier attempts generated: a migration continues there
 
 
 class SeqStatus(Enum):
