@@ -91,9 +91,12 @@ def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
             name=s.stream_name("TOKENS"),
             subjects=(s.tok_all(),),
             description="Token chunks per request",
-            max_age=timedelta(hours=1),
+            # read back only to fill a gap in a live stream or to replay a recent request: kept
+            # in memory, so bounded for one machine (was 1 h / 1 GiB: nats-server grew by ~100 MB
+            # in an 8-minute soak at c=16)
+            max_age=timedelta(minutes=15),
             storage="memory",
-            max_bytes=1 << 30,
+            max_bytes=256 << 20,
             replicas=replicas,
         ),
         StreamSpec(
