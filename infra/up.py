@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -166,7 +167,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             f"Redis {redis.url}  logs {group.log_dir}\n"
             "(Ctrl-C stops the fleet; a second Ctrl-C stops it at once)"
         )
-        _wait_for_signal()
+        with contextlib.suppress(_Stop):
+            _supervise(group)
         _say("stopping: draining workers and frontend...")
     except _Stop:
         _say("interrupted during start-up: stopping what was started")
@@ -174,6 +176,32 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     finally:
         _stop_everything(group, [redis, nats], drain_s=100.0 if args.planner else 30.0)
     return 0
+
+
+def _supervise(group: ProcessGroup, poll_s: float = 0.5) -> None:
+    """Until a signal: restart a component that exits, after a backoff that doubles from 1 s to
+    30 s while it keeps dying (and resets once it has run a minute); say so when it loops."""
+    backoff: dict[str, float] = {}
+    due: dict[str, float] = {}
+    started: dict[str, float] = {name: time.monotonic() for name in group.children}
+    while True:
+        time.sleep(poll_s)
+        now = time.monotonic()
+        for child in group.exited():
+            name = child.name
+            if name not in due:
+                ran = now - started.get(name, now)
+                wait = 1.0 if ran > 60.0 else min(backoff.get(name, 0.5) * 2, 30.0)
+                backoff[name], due[name] = wait, now + wait
+                log.warning(
+                    "component_exited", name=name, code=child.proc.returncode, restart_in_s=wait
+                )
+                if wait >= 8.0:
+                    _say(f"{name} keeps exiting (see {child.log_path}); restarting in {wait:.0f} s")
+            elif now >= due[name]:
+                del due[name]
+                group.start(name, child.argv)
+                started[name] = time.monotonic()
 
 
 def _say(text: str) -> None:

@@ -115,6 +115,25 @@ def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
     _families_have_their_types(f"{workers[0]['metrics_url']}/metrics", WORKER_FAMILIES)
 
 
+def _started(out: Path, name: str) -> list[int]:
+    return [
+        int(e["pid"])
+        for line in out.read_text().splitlines()
+        if line.startswith("{")
+        and (e := json.loads(line)).get("event") == "process_started"
+        and e.get("name") == name
+    ]
+
+
+def _a_dead_component_is_restarted(out: Path, proc: subprocess.Popen) -> None:
+    """kill -9 of the indexer: up notices, logs it and starts it again."""
+    (first,) = _started(out, "indexer")
+    os.kill(first, signal.SIGKILL)
+    _wait_until(lambda: len(_started(out, "indexer")) == 2, 30, "the indexer is started again")
+    assert "component_exited" in out.read_text()
+    assert proc.poll() is None
+
+
 def _readme_nats_snippet_streams(nats_url: str, tmp_path: Path) -> None:
     """The README's NATS-only client, as printed there, against this ``up``."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
@@ -196,6 +215,7 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
         assert "finish_reason=length" in published.stdout
         replay = _replay_until(nats_url, intervals=3)  # one with the requests above
         assert replay.returncode == 0, replay.stdout + replay.stderr
+        _a_dead_component_is_restarted(out, proc)
         children = [int(p) for p in re.findall(r'"pid": (\d+)', out.read_text())]
         assert len(children) >= 5  # nats, redis, connector, planner, indexer, frontend
     finally:
