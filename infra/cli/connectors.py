@@ -168,7 +168,7 @@ async def _serve_until_signal(
 def run_kubernetes_connector(args: argparse.Namespace, subjects: Subjects) -> int:
     """``jetfleet connector kubernetes``: apply decisions until SIGTERM or SIGINT.
 
-    In a pod (service account ``jetfleet-planner``, infra/deploy/rbac.yaml)::
+    In a pod (service account ``jetfleet-planner``, infra/deploy/k8s/rbac.yaml)::
 
         jetfleet connector kubernetes --nats nats://nats:4222 --model jetfleet-tiny \\
             --namespace jetfleet --deployment agg=jetfleet-agg

@@ -193,7 +193,7 @@ def test_deployment_flag_is_required() -> None:
 
 # --- infra/deploy manifests: consistent with the CLI, the RBAC and the worker's drain ----------
 
-DEPLOY = Path(__file__).resolve().parents[2] / "infra" / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "infra" / "deploy" / "k8s"
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
