@@ -138,7 +138,9 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             group.start("indexer", cli_command("indexer", *common, *indexer))
         routing = [*routing_argv(args), "--redis", redis.url]
         # NATS-only clients (fleet.submit.{model}, ``jetfleet publish``) get the same routing
-        group.start("router", cli_command("router-service", *common, *routing))
+        ops["router"] = free_port()
+        router = ["--metrics-port", str(ops["router"])]
+        group.start("router", cli_command("router-service", *common, *routing, *router))
         group.start(
             "frontend",
             cli_command(

@@ -19,8 +19,10 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
+from prometheus_client import CollectorRegistry, Counter
 
 from base.deadletter import dead_letter
+from base.ops_http import start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
 from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
@@ -49,6 +51,8 @@ class RouterServiceConfig:
     kv: KvRouterConfig = field(default_factory=KvRouterConfig)
     client: ClientConfig = field(default_factory=lambda: ClientConfig(wait_for_worker_s=5.0))
     batch: int = 64
+    metrics_port: int = 0  # the operations port: /metrics, /health, /ready (0: off)
+    metrics_host: str = "127.0.0.1"
 
 
 class RouterService:
@@ -58,8 +62,15 @@ class RouterService:
         nc: NATS,
         client: FleetClient,
         vocab_size: Callable[[str], int | None] = lambda _model: None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.cfg = cfg
+        self.submissions = Counter(
+            "jetfleet_router_submissions",
+            "Submissions by outcome: routed, invalid, undecodable, no_workers, routing_failed",
+            ["outcome"],
+            registry=registry or CollectorRegistry(),
+        )
         self.vocab_size = vocab_size  # the model's, once discovery has loaded its tokenizer
         self.nc = nc
         self.js = nc.jetstream()
@@ -72,11 +83,13 @@ class RouterService:
         try:
             req = decode(msg.data, Request)
         except WireDecodeError as exc:
+            self.submissions.labels("undecodable").inc()
             await dead_letter(self.nc, self.cfg.subjects, "router", msg, str(exc))
             await msg.term()
             return
         problem = request_problem(req, self.vocab_size(req.model))
         if problem is not None:
+            self.submissions.labels("invalid").inc()
             await dead_letter(self.nc, self.cfg.subjects, "router", msg, f"invalid: {problem}")
             await msg.term()
             if is_subject_token(req.request_id):
@@ -85,14 +98,17 @@ class RouterService:
         try:
             gen = await self.client.generate(req)
         except (NoWorkersError, OverloadedError) as exc:
+            self.submissions.labels("no_workers").inc()
             await self._fail(req, str(exc))
             await msg.ack()
             return
         except Exception as exc:  # routing backend down: the client hears it, the loop goes on
+            self.submissions.labels("routing_failed").inc()
             log.error("routing_failed", request_id=req.request_id, error=repr(exc))
             await self._fail(req, f"routing failed: {exc}")
             await msg.ack()
             return
+        self.submissions.labels("routed").inc()
         await msg.ack()
         task = asyncio.create_task(self._follow(gen))
         self.followers.add(task)
@@ -157,7 +173,16 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
         served = stack.discovery.models.get(model)
         return None if served is None else served.tokenizer.vocab_size
 
-    service = RouterService(cfg, stack.nc, stack.client, vocab_size)
+    registry = CollectorRegistry()
+    service = RouterService(cfg, stack.nc, stack.client, vocab_size, registry)
+    if cfg.metrics_port:
+        nc = stack.nc
+        start_ops_server(
+            max(cfg.metrics_port, 0),
+            registry,
+            lambda: (bool(nc.is_connected), "" if nc.is_connected else "NATS disconnected"),
+            cfg.metrics_host,
+        )
     stop = stop_event()
     log.info("router_service_ready", router=cfg.router)
     try:

@@ -72,6 +72,10 @@ def add_commands(sub: Any) -> None:
     add_common(rs)
     add_routing(rs)
     SERVICE_CLIENT.add_to(rs)
+    rs.add_argument(
+        "--metrics-port", type=int, default=0, help="/metrics, /health, /ready (0: off)"
+    )
+    rs.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod (probes)")
 
 
 def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
@@ -89,6 +93,8 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
             redis_for(args),
             kv=KV.build(args),
             client=SERVICE_CLIENT.build(args),
+            metrics_port=args.metrics_port,
+            metrics_host=args.metrics_host,
         )
         return _serve(runner, run_router_service(cfg), "router-service", args)
     if args.cmd == "indexer":

@@ -93,7 +93,7 @@ def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
     assert found, out.read_text()[-3000:]
     banner = found.group(1)
     urls = re.findall(r"(http://[0-9.:]+)/metrics", banner)
-    assert f"http://127.0.0.1:{port}" in urls and len(urls) >= 3  # frontend, indexer, planner
+    assert f"http://127.0.0.1:{port}" in urls and len(urls) >= 4  # + indexer, planner, router
     status = subprocess.run(
         cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
     )

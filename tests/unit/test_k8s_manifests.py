@@ -83,7 +83,7 @@ def test_probes_where_they_belong() -> None:
         for _, doc in documents()
         if doc["kind"] in ("Deployment", "StatefulSet")
     }
-    for name in ("jetfleet-frontend", "jetfleet-indexer", "jetfleet-planner"):
+    for name in ("jetfleet-frontend", "jetfleet-indexer", "jetfleet-planner", "jetfleet-router"):
         (c,) = containers(by_name[name])
         assert c["readinessProbe"] and c["livenessProbe"], name
     for role in ("agg", "prefill", "decode"):
