@@ -41,6 +41,7 @@ from schemas import (
 )
 from schemas.requests import routed_msg_id
 from schemas.subjects import Subjects
+from schemas.trace import HEADER as TRACE_HEADER
 
 log = structlog.get_logger("jetfleet.router")
 
@@ -83,6 +84,7 @@ class Generation:
         self.last_activity = time.monotonic()
         self.queue: asyncio.Queue[TokenChunk | _Migrate] = asyncio.Queue()
         self.sub: Subscription | None = None
+        self.traceparent: str | None = None
         self.done = False
 
     @property
@@ -239,12 +241,15 @@ class FleetClient:
 
     async def _publish(self, gen: Generation, subject: str) -> None:
         req = gen.request
-        msg_id = routed_msg_id(req.request_id, req.attempt)
-        await self.js.publish(subject, encode(req), headers={"Nats-Msg-Id": msg_id})
+        headers = {"Nats-Msg-Id": routed_msg_id(req.request_id, req.attempt)}
+        if gen.traceparent:
+            headers[TRACE_HEADER] = gen.traceparent
+        await self.js.publish(subject, encode(req), headers=headers)
         gen.last_activity = time.monotonic()
 
-    async def generate(self, request: Request) -> Generation:
-        """Route and publish; raises NoWorkersError / OverloadedError before anything is sent."""
+    async def generate(self, request: Request, traceparent: str | None = None) -> Generation:
+        """Route and publish; raises NoWorkersError / OverloadedError before anything is sent.
+        ``traceparent`` (W3C) goes with every attempt's message as a NATS header."""
         await self._wait_for_worker(request.model)
         self.check_capacity(request.model)
         subject, decision = await self._route(request, [])
@@ -252,6 +257,7 @@ class FleetClient:
             request = _with_route(request, decision)
             self._on_route(decision)
         gen = Generation(self, request, decision)
+        gen.traceparent = traceparent
         gen.sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=gen.on_message)
         self.active[request.request_id] = gen
         self._count(gen.worker_id, +1)

@@ -46,6 +46,8 @@ from schemas import (
 from schemas.control import CONTROL_OPS
 from schemas.kv_events import KvCacheEvent
 from schemas.streams import pool_consumer
+from schemas.trace import HEADER as TRACE_HEADER
+from schemas.trace import parse_traceparent
 from schemas.validate import is_subject_token, request_problem
 from workers.config import WorkerConfig
 from workers.engine import Engine, EngineRequest
@@ -209,9 +211,11 @@ class WorkerRuntime:
         if len(self.active) >= self.engine.max_num_seqs:
             self._capacity.clear()
         self.metrics.requests_started.inc()
+        parsed = parse_traceparent((msg.headers or {}).get(TRACE_HEADER))
         self.log.info(
             "request_started",
             request_id=req.request_id,
+            trace_id=parsed[0] if parsed else None,
             attempt=req.attempt,
             prompt_tokens=len(req.token_ids),
             max_tokens=req.sampling.max_tokens,

@@ -44,12 +44,20 @@ from router.frontend.tokenize import (
 )
 from schemas import Request, RequestObservation, SamplingParams
 from schemas import encode as wire_encode
+from schemas.trace import child_traceparent
 
 log = structlog.get_logger("jetfleet.frontend")
 access_log = structlog.get_logger("jetfleet.access")
 
 _ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_:")
+
+
+def _header(scope: asgi.Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
 
 
 def _client_request_id(scope: asgi.Scope) -> str | None:
@@ -126,6 +134,7 @@ class Frontend:
         path, method = scope["path"], scope["method"]
         started = time.monotonic()
         ctx: dict[str, Any] = {"request_id": _client_request_id(scope) or uuid.uuid4().hex}
+        ctx["trace_id"], traceparent = child_traceparent(_header(scope, b"traceparent"))
         status = [0]
         echo = (b"x-request-id", ctx["request_id"].encode())
 
@@ -136,7 +145,7 @@ class Frontend:
             await send(message)
 
         try:
-            await self._route_http(scope, receive, send_with_id, path, method, ctx)
+            await self._route_http(scope, receive, send_with_id, path, method, ctx, traceparent)
         finally:
             if path in _ENDPOINTS and "outcome" not in ctx:  # refused: count it by its status
                 model = ctx.get("model", "unknown")
@@ -159,6 +168,7 @@ class Frontend:
         path: str,
         method: str,
         ctx: dict[str, Any],
+        traceparent: str,
     ) -> None:
         try:
             if path.startswith("/v1/") and self._auth and not self._authorized(scope):
@@ -171,9 +181,8 @@ class Frontend:
             if path in ("/v1/chat/completions", "/v1/completions"):
                 if method != "POST":
                     raise OpenAIError(405, f"Method {method} not allowed on {path}")
-                await self._generate(
-                    scope, receive, send, chat=path.endswith("chat/completions"), ctx=ctx
-                )
+                chat = path.endswith("chat/completions")
+                await self._generate(scope, receive, send, chat, ctx, traceparent)
             elif path == "/v1/models" and method == "GET":
                 await asgi.send_json(send, 200, encode(self._models_body()))
             elif path == "/health":
@@ -260,6 +269,7 @@ class Frontend:
         send: asgi.Send,
         chat: bool,
         ctx: dict[str, Any],
+        traceparent: str,
     ) -> None:
         accepted = time.monotonic()
         endpoint = "chat" if chat else "completions"
@@ -298,7 +308,7 @@ class Frontend:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{ctx['request_id']}"
         ctx.update(request_id=rid, model=creq.model, prompt_tokens=len(prompt))
         gens = await self._start(
-            creq.model, rid, prompt, params, max_tokens, endpoint, served.card.block_size
+            creq.model, rid, prompt, params, max_tokens, served.card.block_size, traceparent
         )
         choices = [_Choice(g, StopMatcher(params.stop), []) for g in gens]
         shape = (ChatShape if chat else CompletionShape)(rid, int(time.time()), creq.model)
@@ -383,8 +393,8 @@ class Frontend:
         prompt: list[int],
         params: Any,
         max_tokens: int,
-        endpoint: str,
         block_size: int,
+        traceparent: str,
     ) -> list[Generation]:
         gens: list[Generation] = []
         now = time.time()
@@ -410,7 +420,7 @@ class Frontend:
                     ),
                     created_at_s=now,
                 )
-                gen = await self.client.generate(request)
+                gen = await self.client.generate(request, traceparent)
                 if gen.decision is not None:
                     self.metrics.observe_route(gen.decision, len(prompt), block_size)
                 gens.append(gen)
