@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,43 @@ class ProcessGroup:
 
     def exited(self) -> list[Child]:
         return [c for c in self.children.values() if c.proc.poll() is not None]
+
+
+@dataclass
+class Restarter:
+    """Restarts the group's processes that exit: after 1 s, doubling up to ``max_backoff_s``
+    while one keeps exiting, back to 1 s once it has run a minute. Call ``poll`` periodically;
+    it returns the processes that exited since the last call, each with its wait."""
+
+    group: ProcessGroup
+    env: dict[str, str] | None = None  # the environment every restart gets
+    on_exit: Callable[[Child], None] = lambda _child: None  # e.g. drop its metrics files
+    max_backoff_s: float = 30.0
+    _backoff: dict[str, float] = field(default_factory=dict)
+    _due: dict[str, float] = field(default_factory=dict)
+    _started: dict[str, float] = field(default_factory=dict)
+
+    def poll(self) -> list[tuple[Child, float]]:
+        now = time.monotonic()
+        noticed: list[tuple[Child, float]] = []
+        for child in self.group.exited():
+            name = child.name
+            if name not in self._due:
+                ran = now - self._started.get(name, 0.0)
+                wait = (
+                    1.0 if ran > 60.0 else min(self._backoff.get(name, 0.5) * 2, self.max_backoff_s)
+                )
+                self._backoff[name], self._due[name] = wait, now + wait
+                self.on_exit(child)
+                log.warning(
+                    "component_exited", name=name, code=child.proc.returncode, restart_in_s=wait
+                )
+                noticed.append((child, wait))
+            elif now >= self._due[name]:
+                del self._due[name]
+                self.group.start(name, child.argv, self.env)
+                self._started[name] = time.monotonic()
+        return noticed
 
 
 def _terminate(child: Child, timeout_s: float) -> int | None:

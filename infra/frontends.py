@@ -3,9 +3,10 @@
 Each child is an ordinary ``jetfleet frontend`` bound with SO_REUSEPORT, so the kernel spreads
 new connections over them and each one keeps its own event loop, tokenizer threads and NATS
 connection (they are stateless: any of them can serve any request). The supervisor restarts a
-child that dies (at most once a second), and on SIGTERM or SIGINT stops them all; each drains its
-requests. Prometheus' multi-process mode (``PROMETHEUS_MULTIPROC_DIR``, a directory made here)
-lets any child answer ``/metrics`` for all of them.
+child that dies (``Restarter``: after 1 s, backing off while it keeps dying), and on SIGTERM or
+SIGINT stops them all; each drains its requests. Prometheus' multi-process mode
+(``PROMETHEUS_MULTIPROC_DIR``, a directory made here) lets any child answer ``/metrics`` for all
+of them.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import shutil
 import signal
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import structlog
 
-from base.process import ProcessGroup, cli_command
+from base.process import ProcessGroup, Restarter, cli_command
 
 log = structlog.get_logger("jetfleet.frontend")
 
@@ -39,23 +39,13 @@ def run_frontend_processes(n: int, argv: list[str], port: int) -> int:
     env = {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     group = ProcessGroup(metrics_dir / "logs", inherit_output=True)
     command = cli_command("frontend", *argv, "--reuse-port", "--processes", "1")
-    last_start: dict[str, float] = {}
+    restarter = Restarter(group, env, on_exit=lambda child: _forget(metrics_dir, child.proc.pid))
     try:
         for i in range(n):
-            name = f"frontend-{i}"
-            group.start(name, command, env)
-            last_start[name] = time.monotonic()
+            group.start(f"frontend-{i}", command, env)
         log.info("frontend_processes_started", processes=n, port=port)
         while not stop.wait(0.5):
-            for child in group.exited():
-                if time.monotonic() - last_start[child.name] < 1.0:
-                    continue  # crash loop guard: at most one restart a second
-                _forget(metrics_dir, child.proc.pid)
-                log.warning(
-                    "frontend_process_restarted", name=child.name, code=child.proc.returncode
-                )
-                group.start(child.name, command, env)
-                last_start[child.name] = time.monotonic()
+            restarter.poll()
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the drain
         group.stop_all(timeout_s=40.0)

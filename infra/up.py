@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, Restarter, cli_command, wait_http_ok
 from infra.cli.components import engine_argv, routing_argv
 from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from schemas import Subjects
@@ -181,29 +181,15 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
 
 
 def _supervise(group: ProcessGroup, poll_s: float = 0.5) -> None:
-    """Until a signal: restart a component that exits, after a backoff that doubles from 1 s to
-    30 s while it keeps dying (and resets once it has run a minute); say so when it loops."""
-    backoff: dict[str, float] = {}
-    due: dict[str, float] = {}
-    started: dict[str, float] = {name: time.monotonic() for name in group.children}
+    """Until a signal: restart a component that exits (``Restarter``); say so when it loops."""
+    restarter = Restarter(group)
     while True:
         time.sleep(poll_s)
-        now = time.monotonic()
-        for child in group.exited():
-            name = child.name
-            if name not in due:
-                ran = now - started.get(name, now)
-                wait = 1.0 if ran > 60.0 else min(backoff.get(name, 0.5) * 2, 30.0)
-                backoff[name], due[name] = wait, now + wait
-                log.warning(
-                    "component_exited", name=name, code=child.proc.returncode, restart_in_s=wait
+        for child, wait in restarter.poll():
+            if wait >= 8.0:
+                _say(
+                    f"{child.name} keeps exiting (see {child.log_path}); restarting in {wait:.0f} s"
                 )
-                if wait >= 8.0:
-                    _say(f"{name} keeps exiting (see {child.log_path}); restarting in {wait:.0f} s")
-            elif now >= due[name]:
-                del due[name]
-                group.start(name, child.argv)
-                started[name] = time.monotonic()
 
 
 def _say(text: str) -> None:

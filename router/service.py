@@ -49,7 +49,7 @@ class RouterServiceConfig:
     router: str = "kv"
     redis_url: str | None = None
     kv: KvRouterConfig = field(default_factory=KvRouterConfig)
-    client: ClientConfig = field(default_factory=lambda: ClientConfig(wait_for_worker_s=5.0))
+    client: ClientConfig = field(default_factory=ClientConfig)
     batch: int = 64
     metrics_port: int = 0  # the operations port: /metrics, /health, /ready (0: off)
     metrics_host: str = "127.0.0.1"

@@ -97,16 +97,6 @@ CLIENT = ConfigFlags(
     title="requests in flight",
 )
 
-# the router service waits a little for a first worker: NATS clients may publish before one is up
-SERVICE_CLIENT = ConfigFlags(
-    ClientConfig,
-    "stall_timeout_s",
-    "max_attempts",
-    "max_waiting_per_worker",
-    Flag("wait_for_worker_s", default=5.0),
-    title="requests in flight",
-)
-
 FRONTEND = ConfigFlags(
     FrontendConfig,
     Flag(

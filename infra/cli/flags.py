@@ -85,6 +85,7 @@ class _Spec:
     default: Any  # in flag units
     scale: float
     help: str
+    omit_unset: bool  # unset leaves the field to the config (generated) or to the command
 
 
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
@@ -122,6 +123,7 @@ class ConfigFlags(Generic[C]):
                 default = default * flag.scale if flag.scale != 1.0 else default
             kind, _ = _strip_optional(hints[flag.field])
             text = flag.help or docs.get(flag.field, "")
+            omit_unset = default is None and f.default is _MISSING
             self.specs.append(
                 _Spec(
                     flag.field,
@@ -131,6 +133,7 @@ class ConfigFlags(Generic[C]):
                     default,
                     flag.scale,
                     text,
+                    omit_unset,
                 )
             )
 
@@ -154,10 +157,8 @@ class ConfigFlags(Generic[C]):
         out: dict[str, Any] = {}
         for spec in self.specs:
             value = getattr(args, spec.dest, None)
-            if value is None and spec.default is None:
-                field = next(f for f in dataclasses.fields(self.cls) if f.name == spec.field)  # type: ignore[arg-type]
-                if field.default is _MISSING:
-                    continue  # generated, or supplied by the command
+            if value is None and spec.omit_unset:
+                continue
             if isinstance(value, list):
                 value = tuple(value)
             elif spec.scale != 1.0 and isinstance(value, int | float):

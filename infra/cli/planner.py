@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.cli.components import add_common, add_engine, engine_argv
+from infra.cli.planner_args import role_counts
 from schemas import Subjects
 
 COMMANDS = ("planner", "connector", "replay", "profile")
@@ -148,16 +149,6 @@ def add_commands(sub: Any) -> None:
     add_profile_args(pf)
 
 
-def _pairs(items: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        role, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"expected ROLE=N, got {item!r}")
-        out[role] = int(value)
-    return out
-
-
 def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], Any]) -> int:
     if args.cmd == "planner":
         from infra.cli.planner_args import planner_config
@@ -188,7 +179,11 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         return int(
             runner(
                 run_local_connector(
-                    args.nats, subjects, served_name(args), scaler, _pairs(args.initial)
+                    args.nats,
+                    subjects,
+                    served_name(args),
+                    scaler,
+                    role_counts(args.initial, "--initial"),
                 )
             )
         )

@@ -22,7 +22,8 @@ def parse_profile(spec: str) -> CapacityProfile:
     return load_profile(spec)
 
 
-def _pairs(items: list[str], flag: str) -> dict[str, int]:
+def role_counts(items: list[str], flag: str) -> dict[str, int]:
+    """``ROLE=N`` items of a repeatable flag."""
     out: dict[str, int] = {}
     for item in items:
         role, sep, value = item.partition("=")
@@ -86,8 +87,8 @@ def planner_config(args: argparse.Namespace, base: PlannerConfig | None = None) 
     if args.profile:
         changes["profile"] = parse_profile(args.profile)
     if args.min_replicas:
-        changes["min_replicas"] = {**cfg.min_replicas, **_pairs(args.min_replicas, "--min")}
+        changes["min_replicas"] = {**cfg.min_replicas, **role_counts(args.min_replicas, "--min")}
     if args.max_replicas:
-        changes["max_replicas"] = {**cfg.max_replicas, **_pairs(args.max_replicas, "--max")}
+        changes["max_replicas"] = {**cfg.max_replicas, **role_counts(args.max_replicas, "--max")}
     cfg = replace(cfg, **changes)
     return apply_settings(cfg, args.settings)

@@ -22,7 +22,6 @@ from infra.cli.components import (
     INDEXER,
     KV,
     MOCKER,
-    SERVICE_CLIENT,
     VLLM,
     WORKER,
     add_common,
@@ -71,7 +70,7 @@ def add_commands(sub: Any) -> None:
     rs = sub.add_parser("router-service", help="route requests NATS clients submit")
     add_common(rs)
     add_routing(rs)
-    SERVICE_CLIENT.add_to(rs)
+    CLIENT.add_to(rs)
     rs.add_argument(
         "--metrics-port", type=int, default=0, help="/metrics, /health, /ready (0: off)"
     )
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
             args.router,
             redis_for(args),
             kv=KV.build(args),
-            client=SERVICE_CLIENT.build(args),
+            client=CLIENT.build(args),
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )

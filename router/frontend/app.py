@@ -63,12 +63,8 @@ def _header(scope: asgi.Scope, name: bytes) -> str | None:
 def _client_request_id(scope: asgi.Scope) -> str | None:
     """The client's ``X-Request-Id`` when it is a sane id: at most 128 of [A-Za-z0-9-_:] (it
     becomes part of a NATS subject)."""
-    for key, value in scope["headers"]:
-        if key == b"x-request-id":
-            text = str(value.decode("latin-1"))
-            if 0 < len(text) <= 128 and set(text) <= _ID_CHARS:
-                return text
-    return None
+    text = _header(scope, b"x-request-id")
+    return text if text and len(text) <= 128 and set(text) <= _ID_CHARS else None
 
 
 @dataclass(frozen=True)

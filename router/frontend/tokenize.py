@@ -161,14 +161,9 @@ class PromptTokenizer:
         future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         job = _Job(model, tokenizer, render, context_length, future)
         if idle and size_hint < self.cfg.inline_bytes and self._pending == 0:
-            results, caches = self._work([job])
+            self._settle([job], *self._work([job]))
             self.metrics.seconds.labels("inline").observe(time.monotonic() - job.queued_at)
-            self._count(model, caches[0])
-            if isinstance(results[0], BaseException):
-                raise results[0]
-            ids: list[int] = results[0]
-            self.metrics.tokens.labels(model).inc(len(ids))
-            return ids
+            return job.future.result()
         lane = "short" if size_hint < self.cfg.short_bytes else "long"
         self._lanes[lane].put_nowait(job)
         self._pending += 1
@@ -211,6 +206,10 @@ class PromptTokenizer:
         except Exception as exc:  # a tokenizer bug: fail this batch, keep the lane
             log.error("tokenize_failed", lane=lane, error=repr(exc))
             results = [exc] * len(jobs)
+        self._settle(jobs, results, caches)
+
+    def _settle(self, jobs: list[_Job], results: list[Any], caches: list[_ModelCache]) -> None:
+        """Hand each job its tokens or its error; count tokens and cache use."""
         for job, result in zip(jobs, results, strict=True):
             if job.future.done():
                 continue

@@ -15,7 +15,6 @@ from infra.cli.components import (
     INDEXER,
     KV,
     MOCKER,
-    SERVICE_CLIENT,
     VLLM,
     WORKER,
     engine_argv,
@@ -37,7 +36,7 @@ def test_no_flags_give_the_configs_defaults() -> None:
     fe = parse("frontend")
     assert KV.build(fe) == KvRouterConfig()
     assert CLIENT.build(fe) == ClientConfig()
-    assert SERVICE_CLIENT.build(parse("router-service")).wait_for_worker_s == 5.0
+    assert CLIENT.build(parse("router-service")).wait_for_worker_s == 5.0
 
 
 def test_flags_set_fields_with_their_types_and_units() -> None:
