@@ -34,4 +34,8 @@ class TokenChunk(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     usage: Usage | None = None  # on the final chunk
     error: str | None = None  # set with finish_reason="error"
     worker_id: str = ""
+    # Final chunk of a prefill for a remote decode: the engine's KV transfer parameters (vLLM's
+    # connector fields), to be sent with the decode ``Request``. Optional and omitted when unset:
+    # readers that predate it ignore it, so the schema version stays 1.
+    kv_transfer_params: dict[str, object] | None = None
     v: int = TOKEN_CHUNK_VERSION

@@ -35,6 +35,9 @@ class EngineOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None
+    # On a final output: what a remote decode needs to pull this prefill's KV (engine-specific,
+    # opaque to the fleet; vLLM's KV connectors fill it).
+    kv_transfer_params: dict[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ class ActiveRequest:
         "final_sent",
         "finish_reason",
         "finished",
+        "kv_transfer_params",
         "msg",
         "next_index",
         "num_generated",
@@ -58,6 +59,7 @@ class ActiveRequest:
         self.finished = False
         self.finish_reason: str | None = None
         self.error: str | None = None
+        self.kv_transfer_params: dict[str, object] | None = None
         self.started_at = started_at
         self.final_sent = False
 
@@ -80,6 +82,7 @@ class ActiveRequest:
             self.finished = True
             self.finish_reason = output.finish_reason
             self.error = output.error
+            self.kv_transfer_params = output.kv_transfer_params
         self._on_ready(self, first or output.finished)
 
     def has_pending(self) -> bool:
@@ -104,6 +107,7 @@ class ActiveRequest:
             ),
             error=self.error if final else None,
             worker_id=self.worker_id,
+            kv_transfer_params=self.kv_transfer_params if final else None,
         )
         self.next_index += 1
         if final:

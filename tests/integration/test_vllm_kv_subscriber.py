@@ -3,8 +3,10 @@
 ``VllmLikePublisher`` does what vLLM's ``ZmqEventPublisher`` does: ``[topic, seq (8 B big-endian),
 msgpack batch]`` on a PUB socket, every batch kept in a bounded buffer, and a ROUTER answering
 ``[identity, b"", start]`` with ``[identity, b"", seq, payload]`` for each buffered batch from
-``start`` on, then ``[identity, b"", -1, b""]``. The PUB is an XPUB (same wire) only so the test
-can wait for the subscription instead of sleeping. Tests may drop a batch from the PUB side (it
+``start`` on, then ``[identity, b"", -1, b""]`` (vLLM 0.26 and later put the topic before the
+sequence number: ``[identity, b"", topic, seq, payload]``, end ``[identity, b"", b"", -1, b""]``;
+the publisher fixture runs every test in both forms). The PUB is an XPUB (same wire) only so the
+test can wait for the subscription instead of sleeping. Tests may drop a batch from the PUB side (it
 stays in the buffer: replay fills it) or from the buffer too (the gap cannot be filled).
 """
 
@@ -25,6 +27,7 @@ from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCac
 from tests.helpers import wait_for
 from tests.unit.test_vllm_engine import FakeBackend
 from tests.unit.test_vllm_wire_mirror import (
+    AllBlocksClearedV3,
     BlockRemovedV3,
     KVEventBatchV2,
     KVEventBatchV3,
@@ -41,7 +44,10 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 class VllmLikePublisher:
-    def __init__(self, ctx: zmq.asyncio.Context, buffer_steps: int = 100) -> None:
+    def __init__(
+        self, ctx: zmq.asyncio.Context, buffer_steps: int = 100, *, replay_topic: bool = False
+    ) -> None:
+        self.replay_topic = replay_topic  # vLLM 0.26+: replies carry the topic
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind("tcp://127.0.0.1:*")
@@ -85,10 +91,13 @@ class VllmLikePublisher:
             client_id, _, start_bytes = frame
             start = int.from_bytes(start_bytes, "big")
             self.replay_requests.append(start)
+            topic = [TOPIC.encode()] if self.replay_topic else []
             for seq, buf in list(self.buffer):
                 if seq >= start:
-                    await self.router.send_multipart([client_id, b"", seq.to_bytes(8, "big"), buf])
-            await self.router.send_multipart([client_id, b"", END_SEQ, b""])
+                    reply = [client_id, b"", *topic, seq.to_bytes(8, "big"), buf]
+                    await self.router.send_multipart(reply)
+            end = [client_id, b"", b"", END_SEQ, b""] if self.replay_topic else None
+            await self.router.send_multipart(end or [client_id, b"", END_SEQ, b""])
 
     async def close(self) -> None:
         self._task.cancel()
@@ -134,9 +143,11 @@ async def ctx() -> AsyncIterator[zmq.asyncio.Context]:
 _open_subscribers: list[KvEventSubscriber] = []
 
 
-@pytest.fixture
-async def publisher(ctx: zmq.asyncio.Context) -> AsyncIterator[VllmLikePublisher]:
-    pub = VllmLikePublisher(ctx)
+@pytest.fixture(params=["before-0.26", "0.26+"])
+async def publisher(
+    ctx: zmq.asyncio.Context, request: pytest.FixtureRequest
+) -> AsyncIterator[VllmLikePublisher]:
+    pub = VllmLikePublisher(ctx, replay_topic=request.param == "0.26+")
     yield pub
     await pub.close()
 
@@ -304,9 +315,11 @@ async def test_engine_forwards_events_resyncs_and_resets_after_a_loss(
     calls.clear()
     await publisher.publish(batch(stored(4, 3)), drop=True, forget=True)
     await publisher.publish(batch(stored(5, 4)))  # after the loss: an orphan, not forwarded
-    await publisher.publish(batch(stored(6, None)))
     await wait_for(lambda: len(backend.llm.reset_results) == 0, timeout=5.0, interval=0.005)
-    after_loss = [AllBlocksCleared(), BlockStored((6,), None, (60, 61), 2)]
+    await publisher.publish(batch(stored(6, None)))
+    # The loss clears the fleet's view; so does the confirmed reset (vLLM's own AllBlocksCleared
+    # would only come with its next engine step).
+    after_loss = [AllBlocksCleared(), AllBlocksCleared(), BlockStored((6,), None, (60, 61), 2)]
     await wait_for(lambda: [e for c in calls for e in c] == after_loss, timeout=5.0, interval=0.005)
     health = await engine.control("health", {})
     assert health.data["kv_events"] == {"batches": 4, "gaps_filled": 0, "losses": 1, "orphans": 2}
@@ -350,4 +363,32 @@ async def test_a_resync_goes_out_as_one_batch_per_chunk(
     stored_per_batch = [[e.block_hashes for e in b if isinstance(e, BlockStored)] for b in batches]
     assert stored_per_batch == [[(1, 2)], [(3, 4)], [(5, 6)]]
     assert batches[0][0] == AllBlocksCleared()
+    await engine.stop()
+
+
+async def test_before_0_12_a_reset_after_a_loss_counts_only_once_vllm_publishes_its_clear(
+    ctx: zmq.asyncio.Context, publisher: VllmLikePublisher
+) -> None:
+    """vLLM < 0.12 returns None from ``reset_prefix_cache`` whether or not it reset: the engine
+    keeps asking until vLLM's own ``AllBlocksCleared`` comes through the event stream."""
+    backend = FakeBackend(version="0.11.2")
+    backend.llm.reset_results = [None] * 1000
+    cfg = VllmEngineConfig(
+        model="m",
+        block_size=2,
+        kv_events_endpoint=publisher.endpoint,
+        kv_replay_endpoint=publisher.replay_endpoint,
+        kv_events_topic=TOPIC,
+        kv_reset_retry_s=0.01,
+    )
+    engine = VllmEngine(cfg, backend)
+    await engine.start(lambda events: None)
+    await publisher.subscribed()
+    await publisher.publish(batch(stored(1, None)))
+    await publisher.publish(batch(stored(2, 1)), drop=True, forget=True)  # lost for good
+    await publisher.publish(batch(stored(3, None)))
+    await wait_for(lambda: backend.llm.resets >= 3, timeout=5.0, interval=0.005)
+    assert engine._reset_task is not None and not engine._reset_task.done()  # still unconfirmed
+    await publisher.publish(batch(AllBlocksClearedV3()))  # vLLM's next step publishes it
+    await wait_for(lambda: engine._reset_task.done(), timeout=5.0, interval=0.005)  # type: ignore[union-attr]
     await engine.stop()

@@ -62,3 +62,19 @@ def test_flush_window_grows_with_the_batch_within_bounds():
         0.02,
         0.02,
     ]
+
+
+def test_kv_transfer_params_ride_the_final_chunk_over_the_wire():
+    from schemas.codec import decode, encode
+    from schemas.tokens import TokenChunk
+
+    ar, _ = make()
+    params = {"do_remote_prefill": True, "remote_block_ids": [4, 5], "remote_engine_id": "e1"}
+    ar.on_output(EngineOutput("r1", (7,)))
+    first = ar.take_chunk()
+    ar.on_output(
+        EngineOutput("r1", (), finished=True, finish_reason="length", kv_transfer_params=params)
+    )
+    final = decode(encode(ar.take_chunk()), TokenChunk)
+    assert first.kv_transfer_params is None
+    assert final.kv_transfer_params == params and final.v == 1

@@ -6,9 +6,11 @@ reads (``outputs[0].token_ids``, ``outputs[0].finish_reason``, ``finished``,
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,22 +19,32 @@ from typing import Any
 
 import pytest
 
+from schemas.kv_events import AllBlocksCleared
 from schemas.requests import SamplingParams
 from tests.helpers import wait_for
 from workers.engine import EngineOutput, EngineRequest
 from workers.engines.vllm.backend import StartedLlm
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig
-from workers.engines.vllm.engine import VllmEngine
+from workers.engines.vllm.engine import VllmConfigMismatchError, VllmEngine
 from workers.engines.vllm.stats import SchedulerStatsCollector
 
 END = object()  # ends a fake stream without a finished output
 
 
 def request_output(
-    tokens: Sequence[int], finished: bool = False, reason: str | None = None, cached: int | None = 0
+    tokens: Sequence[int],
+    finished: bool = False,
+    reason: str | None = None,
+    cached: int | None = 0,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> SimpleNamespace:
     completion = SimpleNamespace(token_ids=list(tokens), finish_reason=reason)
-    return SimpleNamespace(outputs=[completion], finished=finished, num_cached_tokens=cached)
+    return SimpleNamespace(
+        outputs=[completion],
+        finished=finished,
+        num_cached_tokens=cached,
+        kv_transfer_params=kv_transfer_params,
+    )
 
 
 class FakeLLM:
@@ -44,7 +56,11 @@ class FakeLLM:
         self.aborted: list[str] = []
         self.reset_results: list[bool | None] = []
         self.slept: list[int] = []
-        self.woken = 0
+        self.sleep_error: Exception | None = None
+        self.woken: list[list[str] | None] = []
+        self.rpcs: list[str] = []
+        self.resets = 0
+        self.log: list[str] = []  # the order of cache and sleep calls
         self.unhealthy: Exception | None = None
         self.loras: dict[int, Any] = {}
         self.shut_down = False
@@ -71,13 +87,27 @@ class FakeLLM:
         self.aborted.append(request_id)
 
     async def reset_prefix_cache(self) -> bool | None:
+        self.resets += 1
+        self.log.append("reset")
         return self.reset_results.pop(0) if self.reset_results else True
 
     async def sleep(self, level: int) -> None:
+        if self.sleep_error is not None:
+            raise self.sleep_error
+        self.log.append(f"sleep{level}")
         self.slept.append(level)
 
-    async def wake_up(self) -> None:
-        self.woken += 1
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        self.log.append(f"wake{tags or ''}")
+        self.woken.append(tags)
+
+    async def collective_rpc(self, method: str) -> list[Any]:
+        self.log.append(method)
+        self.rpcs.append(method)
+        return [None]
+
+    async def is_sleeping(self) -> bool:
+        return bool(self.slept) and len(self.woken) < len(self.slept)
 
     async def check_health(self) -> None:
         if self.unhealthy is not None:
@@ -102,12 +132,15 @@ class FakeBackend:
     llm: FakeLLM = field(default_factory=FakeLLM)
     stats: SchedulerStatsCollector | None = None
     kv: KvEventsEndpoints | None = None
+    version: str = "0.33.0"
+    block_size: int | None = None  # what vLLM settled on (None: as configured)
 
     def start_llm(
         self, config: VllmEngineConfig, kv: KvEventsEndpoints | None, stats: SchedulerStatsCollector
     ) -> StartedLlm:
         self.stats, self.kv = stats, kv
-        return StartedLlm(self.llm, 1000)
+        size = config.block_size if self.block_size is None else self.block_size
+        return StartedLlm(self.llm, 1000, size, self.version)
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
         if kwargs["temperature"] < 0:
@@ -142,10 +175,12 @@ def config(**overrides: Any) -> VllmEngineConfig:
     return VllmEngineConfig(**(base | overrides))
 
 
-async def started(**overrides: Any) -> tuple[VllmEngine, FakeBackend]:
-    backend = FakeBackend()
+async def started(
+    version: str = "0.33.0", listener: Any = None, **overrides: Any
+) -> tuple[VllmEngine, FakeBackend]:
+    backend = FakeBackend(version=version)
     engine = VllmEngine(config(**overrides), backend)
-    await engine.start(lambda events: None)
+    await engine.start(listener or (lambda events: None))
     return engine, backend
 
 
@@ -330,13 +365,13 @@ async def test_load_counts_requests_vllm_has_not_reported_yet_as_waiting() -> No
     await engine.stop()
 
 
-def test_stats_collector_reads_both_kv_usage_names_and_step_time() -> None:
+def test_stats_collector_reads_kv_usage_preemptions_and_step_time() -> None:
     now = [0.0]
     c = SchedulerStatsCollector(clock=lambda: now[0])
-    old = SimpleNamespace(num_running_reqs=3, num_waiting_reqs=0, gpu_cache_usage=0.5)
-    c.record(old, None)
+    busy = SimpleNamespace(num_running_reqs=3, num_waiting_reqs=0, kv_cache_usage=0.5)
+    c.record(busy, None)
     now[0] = 0.02
-    c.record(old, SimpleNamespace(num_preempted_reqs=2))
+    c.record(busy, SimpleNamespace(num_preempted_reqs=2))
     s = c.snapshot()
     assert s.kv_usage == 0.5 and s.num_preempted_total == 2
     assert s.step_ms == pytest.approx(20.0)
@@ -370,7 +405,8 @@ async def test_sleep_holds_new_requests_until_wake() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     assert len(backend.llm.calls) == 1  # not sent to vLLM while asleep
-    assert (await engine.control("wake", {})).ok and backend.llm.woken == 1
+    assert (await engine.control("wake", {})).ok and len(backend.llm.woken) == 2
+    assert backend.llm.rpcs == ["reload_weights"]  # level 2 discarded the weights
     await wait_for(lambda: len(backend.llm.calls) == 2, timeout=2.0, interval=0.001)
     assert not (await engine.control("sleep", {"level": "3"})).ok
     await engine.stop()
@@ -383,11 +419,116 @@ async def test_sleep_needs_sleep_mode() -> None:
     await engine.stop()
 
 
-@pytest.mark.parametrize(("vllm_result", "ok"), [(True, True), (None, True), (False, False)])
-async def test_clear_kv(vllm_result: bool | None, ok: bool) -> None:
-    engine, backend = await started()
+@pytest.mark.parametrize(
+    ("version", "vllm_result", "ok", "confirmed"),
+    [
+        ("0.33.0", True, True, True),
+        ("0.12.0", False, False, None),  # blocks in use: vLLM refused
+        ("0.11.2", None, True, False),  # vLLM does not say: not claimed as done
+    ],
+)
+async def test_clear_kv_says_what_vllm_said(
+    version: str, vllm_result: bool | None, ok: bool, confirmed: bool | None
+) -> None:
+    seen: list[Any] = []
+    engine, backend = await started(version, seen.extend)
     backend.llm.reset_results = [vllm_result]
-    assert (await engine.control("clear_kv", {})).ok is ok
+    res = await engine.control("clear_kv", {})
+    assert res.ok is ok and res.data.get("confirmed") == confirmed, res
+    # The fleet forgets the blocks at once only when vLLM confirmed the reset.
+    assert seen == ([AllBlocksCleared()] if confirmed else [])
+    await engine.stop()
+
+
+async def test_clear_kv_on_old_vllm_refuses_while_requests_run() -> None:
+    engine, backend = await started("0.11.2")
+    await submitted(engine, backend, request())
+    res = await engine.control("clear_kv", {})
+    assert not res.ok and backend.llm.resets == 0  # vLLM would refuse with only a log line
+    await engine.stop()
+
+
+async def test_a_sleep_empties_the_fleets_view_and_0_10_0_resets_the_cache_first() -> None:
+    for version, expected in (("0.10.0", ["reset", "sleep1"]), ("0.10.1", ["sleep1"])):
+        seen: list[Any] = []
+        engine, backend = await started(version, seen.extend, enable_sleep_mode=True)
+        assert (await engine.control("sleep", {"level": "1"})).ok
+        assert backend.llm.log == expected, version
+        assert seen == [AllBlocksCleared()]
+        assert (await engine.control("wake", {})).ok
+        assert backend.llm.log[-1] == "wake" and backend.llm.rpcs == []  # level 1 kept weights
+        await engine.stop()
+
+
+async def test_a_failed_sleep_leaves_the_worker_serving() -> None:
+    engine, backend = await started(enable_sleep_mode=True)
+    backend.llm.sleep_error = RuntimeError("CuMem allocator not in use")
+    res = await engine.control("sleep", {"level": "1"})
+    assert not res.ok and "still serving" in res.detail
+    assert (await engine.control("health", {})).data["sleeping"] is False
+    sink = await submitted(engine, backend, request())  # reaches vLLM: not held for a wake
+    await push(backend, request_output([3], finished=True, reason="stop"))
+    await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    await engine.stop()
+
+
+async def test_level_2_wake_reloads_weights_before_the_cache() -> None:
+    engine, backend = await started(enable_sleep_mode=True)
+    assert (await engine.control("sleep", {"level": "2"})).ok
+    res = await engine.control("wake", {})
+    assert res.ok and "reloaded" in res.detail
+    assert backend.llm.log[-3:] == ["wake['weights']", "reload_weights", "wake['kv_cache']"]
+    await engine.stop()
+
+
+async def test_final_output_carries_vllms_kv_transfer_params() -> None:
+    engine, backend = await started()
+    sink = await submitted(engine, backend, request())
+    params = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_id": "e"}
+    await push(backend, request_output([7], True, "length", kv_transfer_params=params))
+    final = await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    assert final.kv_transfer_params == params
+    await engine.stop()
+
+
+async def test_start_refuses_a_block_size_vllm_overrode() -> None:
+    backend = FakeBackend(block_size=64)
+    engine = VllmEngine(config(block_size=16), backend)
+    with pytest.raises(VllmConfigMismatchError, match=r"blocks of 64 tokens.*blocks of 16"):
+        await engine.start(lambda events: None)
+    assert backend.llm.shut_down
+
+
+async def test_start_refuses_a_vllm_below_the_floor() -> None:
+    engine = VllmEngine(config(), FakeBackend(version="0.9.2"))
+    with pytest.raises(ValueError, match="older than the supported floor"):
+        await engine.start(lambda events: None)
+
+
+async def test_vllm_is_built_off_the_event_loop() -> None:
+    release = threading.Event()
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+
+    class SlowBackend(FakeBackend):
+        def start_llm(self, *args: Any) -> StartedLlm:
+            threads.append(threading.get_ident())
+            release.wait(5.0)  # weights loading: minutes on a GPU, blocking
+            return super().start_llm(*args)
+
+    engine = VllmEngine(config(), SlowBackend())
+    starting = asyncio.create_task(engine.start(lambda events: None))
+    ticks = 0
+    while not threads:  # the loop keeps running while vLLM is being built
+        ticks += 1
+        await asyncio.sleep(0.001)
+    for _ in range(20):
+        ticks += 1
+        await asyncio.sleep(0)
+    assert not starting.done() and ticks > 20
+    release.set()
+    await starting
+    assert threads[0] != loop_thread
     await engine.stop()
 
 
@@ -430,14 +571,18 @@ async def test_stop_cancels_requests_and_shuts_vllm_down() -> None:
     assert backend.llm.shut_down and vllm_id in backend.llm.aborted
 
 
-def test_without_vllm_construction_fails_clearly() -> None:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("vllm is installed")
+def test_without_vllm_construction_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers.engines.vllm import backend as backend_module
     from workers.engines.vllm.backend import VllmNotInstalledError
+
+    real_import = importlib.import_module
+
+    def without_vllm(name: str, package: str | None = None) -> Any:
+        if name == "vllm" or name.startswith("vllm."):  # as on a machine without vLLM
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, package)
+
+    monkeypatch.setattr(backend_module.importlib, "import_module", without_vllm)
 
     with pytest.raises(VllmNotInstalledError, match="jetfleet\\[vllm\\]"):
         VllmEngine(config())

@@ -313,14 +313,29 @@ def test_pub_frames() -> None:
 @pytest.mark.parametrize(
     ("frames", "expected"),
     [
-        ([b"", (3).to_bytes(8, "big"), b"p"], (3, b"p")),  # DEALER
-        ([(3).to_bytes(8, "big"), b"p"], (3, b"p")),  # REQ
-        ([b"", (-1).to_bytes(8, "big", signed=True), b""], None),  # vLLM's END_SEQ
-        ([(9).to_bytes(8, "big"), b""], None),  # empty payload ends too
+        ([b"", (3).to_bytes(8, "big"), b"p"], (3, b"p")),  # before vLLM 0.26
+        ([b"", (-1).to_bytes(8, "big", signed=True), b""], None),  # its END_SEQ
+        ([b"", b"kv", (3).to_bytes(8, "big"), b"p"], (3, b"p")),  # 0.26 and later: topic
+        ([b"", b"", (-1).to_bytes(8, "big", signed=True), b""], None),  # their end marker
+        ([b"", (9).to_bytes(8, "big"), b""], None),  # empty payload ends too
     ],
 )
 def test_replay_frames(frames: list[bytes], expected: tuple[int, bytes] | None) -> None:
     assert parse_replay_frames(frames) == expected
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [(3).to_bytes(8, "big"), b"p"],  # no ROUTER delimiter
+        [b"x", (3).to_bytes(8, "big"), b"p"],
+        [b"", b"\x00\x01", b"p"],  # a sequence number of 2 bytes
+        [b"", b"kv", b"topic2", (3).to_bytes(8, "big"), b"p"],
+    ],
+)
+def test_replay_frames_of_no_release_are_refused(frames: list[bytes]) -> None:
+    with pytest.raises(VllmKvDecodeError):
+        parse_replay_frames(frames)
 
 
 def test_replay_request_is_what_vllms_router_expects() -> None:
@@ -384,3 +399,32 @@ def test_decoded_events_translate_to_fleet_hashes() -> None:
     assert fleet == fleet_hashes_for_prompt(TOKENS, 2)
     engine = [h for op in tr.ops if isinstance(op, StoreOp) for h in op.engine_hashes]
     assert engine == [engine_block_hash(d) for d in digests]
+
+
+@pytest.mark.parametrize(
+    ("extra_keys", "lora_name", "kept"),
+    [
+        (None, None, True),
+        ([None, None], None, True),
+        ([("sql",), ("sql",)], "sql", True),  # only the LoRA name: hashed like our prompts
+        ([None, (("img-1", 0),)], None, False),  # a multimodal input in the second block
+        ([("salt-a",), None], None, False),  # a cache salt
+        ([("sql", "salt-a"), None], "sql", False),
+    ],
+)
+def test_blocks_hashed_over_more_than_tokens_are_skipped(
+    extra_keys: list[Any] | None, lora_name: str | None, kept: bool
+) -> None:
+    event = {
+        "type": "BlockStored",
+        "block_hashes": [1, 2],
+        "parent_block_hash": None,
+        "token_ids": [1, 2, 3, 4],
+        "block_size": 2,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": lora_name,
+        "extra_keys": extra_keys,
+    }
+    decoded = decode_batch(msgspec.msgpack.encode([1.0, [event], 0]))
+    assert (len(decoded.events), decoded.skipped) == ((1, 0) if kept else (0, 1))

@@ -25,13 +25,17 @@ class VllmNotInstalledError(RuntimeError):
 class StartedLlm:
     llm: Any  # vllm.v1.engine.async_llm.AsyncLLM (or a test double with the same methods)
     num_gpu_blocks: int  # KV cache size vLLM settled on after profiling memory
+    block_size: int  # tokens per block vLLM actually uses (it may override the asked-for size)
+    version: str  # vllm.__version__: which release's behaviour to expect (``versions.py``)
 
 
 class VllmBackend(Protocol):
     def start_llm(
         self, config: VllmEngineConfig, kv: KvEventsEndpoints | None, stats: SchedulerStatsCollector
     ) -> StartedLlm:
-        """Build the engine (loads weights, profiles memory: blocks for minutes on a GPU)."""
+        """Build the engine (loads weights, profiles memory: minutes on a GPU). Called off the
+        event loop, in a thread: vLLM's ``AsyncLLM`` starts its asyncio tasks lazily when it is
+        built outside a running loop."""
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
         """``vllm.SamplingParams(**kwargs, output_kind=DELTA)``."""
@@ -46,6 +50,7 @@ class VllmBackend(Protocol):
 class RealVllmBackend:
     def __init__(self) -> None:
         try:
+            self._version = str(importlib.import_module("vllm").__version__)
             self._args = importlib.import_module("vllm.engine.arg_utils")
             self._async_llm = importlib.import_module("vllm.v1.engine.async_llm")
             self._config = importlib.import_module("vllm.config")
@@ -76,8 +81,8 @@ class RealVllmBackend:
         llm = self._async_llm.AsyncLLM.from_engine_args(
             self.engine_args(config, kv), stat_loggers=[logger]
         )
-        blocks = llm.vllm_config.cache_config.num_gpu_blocks
-        return StartedLlm(llm, int(blocks or 0))
+        cache = llm.vllm_config.cache_config
+        return StartedLlm(llm, int(cache.num_gpu_blocks or 0), int(cache.block_size), self._version)
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
         delta = self._sampling.RequestOutputKind.DELTA

@@ -18,11 +18,27 @@
   ``AsyncLLM``) with the adapter's own counts: ``active_decode_blocks`` is vLLM's KV usage times
   its block count; ``active_prefill_tokens`` the prompt tokens of requests without a first
   token yet; the prompt/cached token totals are summed from the first output of each request.
-- **Control.** health (``check_health``), sleep/wake (``sleep(level)``/``wake_up``; requests
-  admitted while asleep wait for the wake), clear_kv (``reset_prefix_cache``), lora_load /
-  lora_unload / lora_list (``add_lora``/``remove_lora``/``list_loras``), kv_resync.
-- ``kv_transfer_params`` of a request go to vLLM in ``SamplingParams.extra_args``. The ones vLLM
-  returns on a prefill's output are not passed back: ``EngineOutput`` has no field for them yet.
+- **Start.** ``AsyncLLM`` is built in a thread (loading weights and profiling take minutes and
+  poll ZMQ synchronously): the event loop keeps answering NATS meanwhile, and the worker registers
+  only once ``start`` returns. vLLM's own ``block_size`` is read back: a mismatch with the fleet's
+  (vLLM overrides it for hybrid models or quantized KV) refuses to serve, since the router would
+  hash prompts in blocks of the wrong size. ``vllm.__version__`` picks the release's behaviour
+  from ``versions.py``.
+- **Control.** health (``check_health``), sleep/wake (requests admitted while asleep wait for the
+  wake; a failed sleep leaves the worker serving; level 2 discards the weights, so the wake
+  reloads them: ``wake_up(["weights"])``, ``collective_rpc("reload_weights")``,
+  ``wake_up(["kv_cache"])``), clear_kv (``reset_prefix_cache``), lora_load / lora_unload /
+  lora_list (``add_lora``/``remove_lora``/``list_loras``), kv_resync.
+- **The fleet's index follows vLLM's cache.** Whenever vLLM's cache is emptied (a confirmed reset,
+  a sleep), the fleet is told ``AllBlocksCleared`` at once: vLLM itself only publishes its own at
+  the next engine step, which an idle worker never takes. Before 0.12 ``reset_prefix_cache``
+  returns None whether or not it reset (it refuses while blocks are in use, with only a warning in
+  its log): such a reset counts as done only when vLLM's own ``AllBlocksCleared`` arrives, and
+  ``clear_kv`` says it is unconfirmed. Before 0.10.1 ``sleep`` keeps the prefix-cache entries of
+  the discarded KV memory: the adapter resets the cache itself first.
+- ``kv_transfer_params`` of a request go to vLLM in ``SamplingParams.extra_args``; the ones vLLM
+  returns on a request's final output (a prefill for a remote decode) come back on the final
+  ``EngineOutput``.
 """
 
 from __future__ import annotations
@@ -39,7 +55,7 @@ from typing import Any
 
 import structlog
 
-from schemas.kv_events import KvCacheEvent
+from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engine import (
     ControlResult,
     EngineLoad,
@@ -56,10 +72,15 @@ from workers.engines.vllm.lora import LoraRegistry
 from workers.engines.vllm.mapping import finish_reason, sampling_kwargs
 from workers.engines.vllm.stats import SchedulerStatsCollector
 from workers.engines.vllm.subscriber import KvEventSubscriber
+from workers.engines.vllm.versions import VllmFeatures, features
 
 log = structlog.get_logger("jetfleet.vllm")
 
 ControlHandler = Callable[[dict[str, str]], Awaitable[ControlResult]]
+
+
+class VllmConfigMismatchError(RuntimeError):
+    """vLLM settled on a configuration the fleet cannot route for (e.g. another block size)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -83,6 +104,10 @@ class VllmEngine:
         self.block_size = config.block_size
         self.num_gpu_blocks = 0  # known once started
         self._llm: Any = None
+        self._features: VllmFeatures | None = None  # known once started
+        self._sleep_level = 0
+        self._vllm_clears = 0  # AllBlocksCleared events vLLM itself published
+        self._vllm_cleared = asyncio.Event()  # set by each of them
         self._stats = SchedulerStatsCollector()
         self._loras = LoraRegistry()
         self._decode_options = DecodeOptions(lora_names=self._loras.names_by_id)
@@ -137,13 +162,33 @@ class VllmEngine:
             )
             await self._subscriber.start()  # before vLLM binds: no early event is missed
         try:
-            started = self._backend.start_llm(self.config, kv, self._stats)
+            started = await asyncio.to_thread(self._backend.start_llm, self.config, kv, self._stats)
         except BaseException:
             await self.stop()
             raise
         self._llm = started.llm
+        try:
+            self._features = features(started.version)
+            if started.block_size != self.config.block_size:
+                raise VllmConfigMismatchError(
+                    f"vLLM {started.version} uses KV blocks of {started.block_size} tokens, the "
+                    f"fleet hashes prompts in blocks of {self.config.block_size} (the model "
+                    "card's block_size); set the model card's block_size to "
+                    f"{started.block_size} or run a model vLLM can page in "
+                    f"{self.config.block_size}-token blocks"
+                )
+            await self._llm.is_sleeping()  # on the loop: vLLM's output tasks start, it answers
+        except BaseException:
+            await self.stop()
+            raise
         self.num_gpu_blocks = started.num_gpu_blocks
-        log.info("vllm_started", model=self.config.model, num_gpu_blocks=self.num_gpu_blocks)
+        log.info(
+            "vllm_started",
+            model=self.config.model,
+            vllm=started.version,
+            num_gpu_blocks=self.num_gpu_blocks,
+            block_size=started.block_size,
+        )
 
     async def stop(self) -> None:
         tasks = [r.task for r in self._running.values() if r.task is not None]
@@ -217,6 +262,7 @@ class VllmEngine:
         completion = out.outputs[0] if out.outputs else None
         tokens = tuple(completion.token_ids) if completion is not None else ()
         cached = int(out.num_cached_tokens or 0)
+        transfer: dict[str, object] | None = None
         if not run.started:
             self._settle_prefill(run)
             self._prompt_tokens_total += run.num_prompt_tokens
@@ -228,6 +274,8 @@ class VllmEngine:
             reason = finish_reason(completion.finish_reason if completion is not None else None)
             if reason == "error":
                 error = "vLLM finished the request with an error"
+            params = getattr(out, "kv_transfer_params", None)
+            transfer = dict(params) if params else None
         run.sink.on_output(
             EngineOutput(
                 run.request_id,
@@ -237,6 +285,7 @@ class VllmEngine:
                 num_prompt_tokens=run.num_prompt_tokens,
                 num_cached_tokens=cached,
                 error=error,
+                kv_transfer_params=transfer,
             )
         )
         return bool(out.finished)
@@ -296,7 +345,11 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ kv events
     def _decode(self, payload: bytes) -> DecodedBatch:
-        return decode_batch(payload, self._decode_options)
+        batch = decode_batch(payload, self._decode_options)
+        if any(isinstance(e, AllBlocksCleared) for e in batch.events):
+            self._vllm_clears += 1
+            self._vllm_cleared.set()
+        return batch
 
     def _on_vllm_events(self, events: Sequence[KvCacheEvent]) -> None:
         forward = self._shadow.apply(events)
@@ -315,18 +368,50 @@ class VllmEngine:
             self._reset_task = asyncio.create_task(self._reset_after_loss(), name="vllm-kv-reset")
 
     async def _reset_after_loss(self) -> None:
-        """Reset vLLM's prefix cache (it emits AllBlocksCleared), retrying while blocks are in
-        use. vLLM < 0.11 returns None from ``reset_prefix_cache``: taken as done."""
+        """Reset vLLM's prefix cache, retrying every ``kv_reset_retry_s`` while blocks are in
+        use, until the reset is known to have happened (see the module docstring)."""
         while self._llm is not None:
+            seen = self._vllm_clears
             try:
-                done = await self._llm.reset_prefix_cache() is not False
+                done = await self._reset_vllm_cache()
             except Exception as exc:
                 log.warning("vllm_prefix_cache_reset_failed", error=repr(exc))
                 done = False
+            if done is None:  # this vLLM does not say: wait for its AllBlocksCleared
+                done = await self._vllm_clear_after(seen, self.config.kv_reset_retry_s)
             if done:
                 log.info("vllm_prefix_cache_reset_after_loss")
                 return
             await asyncio.sleep(self.config.kv_reset_retry_s)
+
+    async def _reset_vllm_cache(self) -> bool | None:
+        """``reset_prefix_cache``: True when vLLM reset (the fleet is told at once), False when
+        it refused (blocks in use), None when this release does not say (before 0.12)."""
+        says = self._features is not None and self._features.reset_returns_bool
+        if not says and self._running:
+            return False  # it would refuse, and only log a warning
+        result = await self._llm.reset_prefix_cache()
+        if not says:
+            return None
+        if result:
+            self._cache_emptied()
+        return bool(result)
+
+    async def _vllm_clear_after(self, seen: int, timeout_s: float) -> bool:
+        """True once vLLM has published an ``AllBlocksCleared`` beyond the first ``seen``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._vllm_clears <= seen:
+                    self._vllm_cleared.clear()
+                    await self._vllm_cleared.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _cache_emptied(self) -> None:
+        """vLLM's cache is empty now: the fleet forgets this worker's blocks without waiting for
+        vLLM's own ``AllBlocksCleared`` (published at its next engine step)."""
+        self._on_vllm_events([AllBlocksCleared()])
 
     # ------------------------------------------------------------------ control
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
@@ -371,21 +456,47 @@ class VllmEngine:
             return ControlResult(False, f"sleep level must be 1 or 2, not {level}")
         if self._running:
             return ControlResult(False, f"{len(self._running)} requests in flight; drain first")
+        if not self._awake.is_set():
+            return ControlResult(True, f"already sleeping (level {self._sleep_level})")
         self._awake.clear()
-        await self._llm.sleep(level)
+        try:
+            if self._features is not None and not self._features.sleep_resets_cache:
+                await self._llm.reset_prefix_cache()  # 0.10.0 would keep stale entries
+            await self._llm.sleep(level)
+        except Exception as exc:
+            self._awake.set()
+            log.warning("vllm_sleep_failed", level=level, error=repr(exc))
+            return ControlResult(False, f"sleep failed, still serving: {type(exc).__name__}: {exc}")
+        self._sleep_level = level
+        self._cache_emptied()
         return ControlResult(True, f"sleeping (level {level}); new requests wait for wake")
 
     async def _wake(self, args: dict[str, str]) -> ControlResult:
         if self._awake.is_set():
             return ControlResult(True, "awake")
-        await self._llm.wake_up()
+        if self._sleep_level == 2:  # the weights were discarded: load them again
+            await self._llm.wake_up(tags=["weights"])
+            await self._llm.collective_rpc("reload_weights")
+            await self._llm.wake_up(tags=["kv_cache"])
+        else:
+            await self._llm.wake_up()
+        level, self._sleep_level = self._sleep_level, 0
         self._awake.set()
-        return ControlResult(True, "awake")
+        return ControlResult(True, "awake" + (" (weights reloaded)" if level == 2 else ""))
 
     async def _clear_kv(self, args: dict[str, str]) -> ControlResult:
-        if await self._llm.reset_prefix_cache() is False:
+        result = await self._reset_vllm_cache()
+        if result is False:
             return ControlResult(False, "blocks in use; drain first")
-        return ControlResult(True, "prefix cache reset")
+        if result is None:
+            return ControlResult(
+                True,
+                f"reset requested; vLLM {self._features.label if self._features else ''} does "
+                "not report whether it reset (before 0.12): the fleet forgets this worker's "
+                "blocks when vLLM publishes AllBlocksCleared",
+                {"confirmed": False},
+            )
+        return ControlResult(True, "prefix cache reset", {"confirmed": True})
 
     async def _kv_resync(self, args: dict[str, str]) -> ControlResult:
         """Republish the whole cache (from the shadow), one listener call per chunk so the

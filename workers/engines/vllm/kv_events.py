@@ -6,17 +6,19 @@ Data path::
 
     vLLM EngineCore ── ZmqEventPublisher ── PUB  [topic, seq: 8 B big-endian, msgpack payload]
                                          └─ ROUTER (replay) <- [b"", start seq: 8 B big-endian]
-                                                          -> [b"", seq, payload] ... [b"", -1, b""]
+                     -> [b"", topic, seq, payload] ... [b"", b"", -1, b""]   (vLLM 0.26 and later)
+                     -> [b"", seq, payload] ... [b"", -1, b""]               (before 0.26)
 
-**Payload.** msgspec-encoded ``KVEventBatch(ts, events, data_parallel_rank)``. vLLM has shipped
-two encodings, and this decoder accepts both, at the batch and at the event level:
+Which release changed what is in ``versions.py``.
 
-- positional (``array_like=True``, vLLM's first publishers): the batch is ``[ts, events, dp_rank]``
-  and each event ``["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-  lora_id, medium, ...]`` (the tag first, then the fields in declaration order);
-- maps (current vLLM): the batch is ``{"ts", "events", "data_parallel_rank"}`` and each event
-  ``{"type": "BlockStored", "block_hashes": ..., ...}``; ``omit_defaults`` drops fields left at
-  their default.
+**Payload.** msgspec-encoded ``KVEventBatch(ts, events, data_parallel_rank)``. The batch is
+positional (``array_like``: ``[ts, events, dp_rank]``) in every release; the events were positional
+up to 0.23 and are maps from 0.24. This decoder accepts both forms at both levels:
+
+- positional: each event ``["BlockStored", block_hashes, parent_block_hash, token_ids,
+  block_size, lora_id, medium, ...]`` (the tag first, then the fields in declaration order);
+- maps: each event ``{"type": "BlockStored", "block_hashes": ..., ...}``; ``omit_defaults``
+  drops fields left at their default (and a map-encoded batch would be read as well).
 
 Fields are read by position (arrays) or by name (maps) against the union of every version's
 fields, in vLLM's declaration order (``_STORED_FIELDS``...). Trailing fields a version did not
@@ -39,7 +41,9 @@ is set and is not ``"GPU"`` (CPU offload tiers) are skipped. Hybrid models repor
 group per ``group_idx``; only ``kv_group`` (default 0) is kept, and events without a group are
 kept. LoRA: vLLM's ``lora_name`` is used when sent; older versions only send ``lora_id``, which is
 looked up in the adapters the worker loaded (an id we do not know: the event is skipped, as its
-blocks could not be hashed like the router hashes that adapter's prompts).
+blocks could not be hashed like the router hashes that adapter's prompts). ``extra_keys`` (0.17+):
+a block whose hash also covers multimodal inputs, a cache salt or prompt embeddings cannot be
+matched from token ids, so an event with any extra key besides its LoRA name is skipped.
 
 **Sequence numbers** start at 0 and grow by one per batch. ``SequenceTracker`` classifies each
 received number: the next one, a gap (missing ``expected .. seq-1``: ask the replay socket), an
@@ -74,8 +78,12 @@ _STORED_FIELDS = (
     "group_idx",
     "kv_cache_spec_kind",
     "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
 )
-_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality", "ownership")
 _CLEARED_FIELDS: tuple[str, ...] = ()
 _BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
 _REQUIRED = {"BlockStored": 4, "BlockRemoved": 1, "AllBlocksCleared": 0}
@@ -181,7 +189,7 @@ def _event(raw: object, opts: DecodeOptions) -> KvCacheEvent | None:
     if tag == "BlockRemoved":
         return BlockRemoved(hashes)
     known, lora = _lora_name(f, opts)
-    if not known:
+    if not known or not _hashed_from_tokens(f.get("extra_keys"), lora):
         return None
     parent = f["parent_block_hash"]
     return BlockStored(
@@ -211,6 +219,16 @@ def _lora_name(f: Mapping[str, Any], opts: DecodeOptions) -> tuple[bool, str | N
         return True, None
     name = opts.lora_names.get(_int(lora_id, "lora_id"))
     return name is not None, name
+
+
+def _hashed_from_tokens(extra_keys: object, lora: str | None) -> bool:
+    """True when no block's hash covers more than its tokens and the LoRA name."""
+    if not extra_keys:
+        return True
+    for entry in _list(extra_keys, "extra_keys"):
+        if entry and any(key != lora for key in _list(entry, "extra_keys entry")):
+            return False
+    return True
 
 
 def _list(v: object, what: str) -> list[Any]:
@@ -244,18 +262,22 @@ def parse_pub_frames(frames: Sequence[bytes]) -> tuple[int, bytes]:
 
 
 def parse_replay_frames(frames: Sequence[bytes]) -> tuple[int, bytes] | None:
-    """A replay reply -> ``(seq, payload)``, or None for the end marker ``(-1, b"")``.
+    """A replay reply as a DEALER receives it -> ``(seq, payload)``, or None for the end marker.
 
-    A DEALER receives ``[b"", seq, payload]`` (the ROUTER's empty delimiter kept); a REQ socket
-    would see ``[seq, payload]``. Both are accepted."""
-    if len(frames) == 3 and not frames[0]:
-        frames = frames[1:]
-    if len(frames) != 2 or len(frames[0]) != 8:
-        raise VllmKvDecodeError(f"replay reply of {len(frames)} frames is not [seq, payload]")
-    seq = int.from_bytes(frames[0], "big", signed=True)
-    if seq == REPLAY_END_SEQ or not frames[1]:
+    vLLM 0.26 and later: ``[b"", topic, seq, payload]``, ending with ``[b"", b"", -1, b""]``;
+    before: ``[b"", seq, payload]``, ending with ``[b"", -1, b""]`` (the ROUTER's empty
+    delimiter first in both)."""
+    if len(frames) not in (3, 4) or frames[0]:
+        raise VllmKvDecodeError(
+            f"replay reply of {len(frames)} frames is not [b'', (topic,) seq, payload]"
+        )
+    seq_frame, payload = frames[-2], frames[-1]
+    if len(seq_frame) != 8:
+        raise VllmKvDecodeError(f"replay sequence number of {len(seq_frame)} bytes, not 8")
+    seq = int.from_bytes(seq_frame, "big", signed=True)
+    if seq == REPLAY_END_SEQ or not payload:
         return None
-    return seq, bytes(frames[1])
+    return seq, bytes(payload)
 
 
 def replay_request(start_seq: int) -> list[bytes]:

@@ -7,14 +7,15 @@ vLLM's ``AsyncLLM`` calls every stat logger it was given (``stat_loggers=[factor
 not import vLLM). The collector is pure and reads, each step:
 
 - ``SchedulerStats.num_running_reqs`` / ``num_waiting_reqs``;
-- ``SchedulerStats.kv_cache_usage`` (0..1; named ``gpu_cache_usage`` before vLLM 0.10.2): the
-  fraction of KV blocks held by requests (free cached blocks count as free);
+- ``SchedulerStats.kv_cache_usage`` (0..1, under that name in every supported release: vLLM
+  0.10.0 already had it): the fraction of KV blocks held by requests (free cached blocks count as
+  free);
 - ``IterationStats.num_preempted_reqs``, summed;
 - the time between two records while requests run, as the step time. A record per engine step
   is what vLLM does today; the figure is wall time between steps as the front end sees them.
 
-vLLM documents these stats classes as not stable across versions; the two attribute names above
-are the only variation handled. vLLM must run with ``disable_log_stats=False`` to produce them.
+vLLM documents these stats classes as not stable across versions; the fields above are the same
+from 0.10.0 to 0.33.0. vLLM must run with ``disable_log_stats=False`` to produce them.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class SchedulerStatsCollector:
         if scheduler_stats is not None:
             running = int(scheduler_stats.num_running_reqs)
             waiting = int(scheduler_stats.num_waiting_reqs)
-            usage = float(_kv_usage(scheduler_stats))
+            usage = float(scheduler_stats.kv_cache_usage)
         preempted = prev.num_preempted_total
         if iteration_stats is not None:
             preempted += int(iteration_stats.num_preempted_reqs)
@@ -65,13 +66,6 @@ class SchedulerStatsCollector:
         self._snap = SchedulerSnapshot(
             running, waiting, usage, preempted, step_ms, prev.records + 1
         )
-
-
-def _kv_usage(scheduler_stats: Any) -> float:
-    usage: Any = getattr(scheduler_stats, "kv_cache_usage", None)
-    if usage is None:  # vLLM < 0.10.2
-        usage = getattr(scheduler_stats, "gpu_cache_usage", 0.0)
-    return float(usage)
 
 
 def stat_logger_class(base: type[Any], collector: SchedulerStatsCollector) -> type[Any]:
