@@ -11,6 +11,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError
 
 from base.connect import connect_nats
 from base.topology import ensure_topology
@@ -47,8 +48,19 @@ async def infra_init(nats_url: str, subjects: Subjects, replicas: int, quiet: bo
     return 0
 
 
+class NoFleetError(LookupError):
+    """No fleet under this subject prefix on this NATS server (its buckets do not exist)."""
+
+
 async def load_cards(js: JetStreamContext, subjects: Subjects) -> dict[str, ModelCard]:
-    kv = await js.key_value(subjects.bucket_name(MODELS_BUCKET))
+    """The model cards of the fleet; ``NoFleetError`` when the prefix has no fleet at all."""
+    try:
+        kv = await js.key_value(subjects.bucket_name(MODELS_BUCKET))
+    except BucketNotFoundError as exc:
+        raise NoFleetError(
+            f"no fleet under subject prefix {subjects.prefix!r} on this NATS server (no "
+            f"{subjects.bucket_name(MODELS_BUCKET)} bucket): check --nats and --subject-prefix"
+        ) from exc
     cards: dict[str, ModelCard] = {}
     try:
         keys = await kv.keys()
@@ -143,6 +155,8 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
             "num_gpu_blocks": reg.num_gpu_blocks,
             "block_size": reg.block_size,
             "metrics_url": reg.metrics_url or None,
+            "host": reg.host,
+            "pid": reg.pid,
         }
         try:
             raw = await js.get_last_msg(

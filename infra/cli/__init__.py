@@ -64,8 +64,14 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(args.log_level, args.log_format)
     subjects = Subjects(args.subject_prefix)
+    from infra.tools import NoFleetError
+
     for family in (fleet, serve, planner):
         if args.cmd in family.COMMANDS:
-            return int(family.run(args, subjects, _run))
+            try:
+                return int(family.run(args, subjects, _run))
+            except NoFleetError as exc:  # a tool pointed at the wrong server or prefix
+                print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)
+                return 1
     print(f"jetfleet: unknown command {args.cmd}", file=sys.stderr)
     return 2

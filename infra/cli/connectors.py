@@ -70,6 +70,7 @@ async def run_local_connector(
 def local_config(
     nats_url: str, prefix: str, log_dir: str, worker_args: list[str], log_level: str
 ) -> LocalScalerConfig:
+    """``nats_url``: the URL the started workers connect with (``--worker-nats``)."""
     return LocalScalerConfig(
         nats_url=nats_url,
         subject_prefix=prefix,

@@ -13,6 +13,7 @@ jetfleet profile --worker-id W [--out profile.json]
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -94,6 +95,12 @@ def add_commands(sub: Any) -> None:
         "--initial", action="append", default=[], metavar="ROLE=N", help="workers to start with"
     )
     loc.add_argument("--log-dir", default=".jetfleet/logs", help="the workers' log files")
+    loc.add_argument(
+        "--worker-nats",
+        default=None,
+        help="NATS URL the workers it starts connect with (their own user under per-role "
+        "permissions; env JETFLEET_WORKER_NATS_URL; default: --nats)",
+    )
     from infra.cli.connectors import add_kubernetes_args
 
     k8s = csub.add_parser("kubernetes", help="set Deployment replicas via the Kubernetes API")
@@ -169,8 +176,9 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
     if args.cmd == "connector" and args.connector == "local":
         from infra.cli.connectors import local_config, run_local_connector
 
+        worker_nats = args.worker_nats or os.environ.get("JETFLEET_WORKER_NATS_URL") or args.nats
         scaler = local_config(
-            args.nats,
+            worker_nats,
             subjects.prefix,
             args.log_dir,
             [*engine_argv(args), "--metrics-port", "-1"],  # each worker advertises its port

@@ -16,9 +16,9 @@ def run_bench(module: str, *args: str) -> dict:
         [sys.executable, "-m", f"tests.bench.{module}", *args],
         capture_output=True,
         text=True,
-        timeout=240,
-        check=True,
+        timeout=600,
     )
+    assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
 
 
@@ -86,8 +86,11 @@ def test_planner_ramp_bench():
     assert planner["fleet"] == "planner" and trough["fleet"] == "trough"
     for run in (planner, trough):
         assert run["errors"] == 0 and run["requests"] == d["load"]["requests"]
-        assert run["replica_s"] > 0 and 0.0 <= run["within_targets"] <= 1.0
-    assert trough["scaling_actions"] == 0
+    assert trough["scaling_actions"] == 0 and trough["peak_replicas"] == 1
+    # The bar the benchmark exists for: the peak (16 rps) needs 2 replicas of 10 rps; the
+    # planner grows to them and keeps the requests within their latency targets.
+    assert planner["scaling_actions"] >= 1 and planner["peak_replicas"] >= 2, planner
+    assert planner["within_targets"] >= 0.9, planner
 
 
 def test_long_prompts_bench():
@@ -98,6 +101,32 @@ def test_long_prompts_bench():
     )  # fmt: skip
     runs = {r["workload"]: r for r in d["runs"]}
     assert set(runs) == {"fresh", "prefix"}
-    assert all(r["errors"] == 0 and r["frontend_cpu_ms_per_request"] > 0 for r in runs.values())
-    # one head, one request at a time: every request after the first finds it cached
-    assert runs["prefix"]["cached_tokens"] > 0
+    # (CPU seconds are read in 10 ms ticks: a 6-request smoke run cannot measure them)
+    assert all(r["errors"] == 0 and r["requests"] == 6 for r in runs.values()), runs
+    # one head, one request at a time: every request after the first finds its 1200-token head
+    # cached (whole 16-token blocks: 1200 // 16 * 16 = 1200)
+    assert runs["prefix"]["cached_tokens"] >= 5 * 1200, runs["prefix"]
+
+
+@pytest.mark.slow
+def test_routing_sim_bench_at_full_size():
+    """The documented run (all seeds): ``pytest -m slow``, not in the default run."""
+    d = run_bench("routing_sim")
+    by_policy = {r["policy"]: r for r in d["results"]}
+    assert by_policy["kv"]["cached_share"] >= 0.8 > by_policy["round-robin"]["cached_share"]
+    assert by_policy["kv"]["ttft_ms_p50"] < by_policy["round-robin"]["ttft_ms_p50"]
+
+
+def test_the_slow_marker_keeps_slow_runs_out_of_the_default_run():
+    def collected(*args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", __file__, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    assert "at_full_size" not in collected()  # pyproject's addopts: -m 'not slow'
+    assert "at_full_size" in collected("-m", "slow")

@@ -122,3 +122,42 @@ async def test_planner_scales_real_workers_up_and_down_without_losing_requests(
             assert r["choices"][0]["finish_reason"] == "length"
     finally:
         fleet.stop()
+
+
+async def test_load_mode_reacts_to_measured_queueing(nats_server, tmp_path) -> None:
+    """``--mode load``: no capacity profile, only what the workers report. Sustained load
+    queues on the one worker (2 slots), the planner adds a replica; once idle, it takes it
+    away."""
+    fleet = Fleet(nats_server.url, tmp_path / "logs")
+    worker = ("--speedup", "1", "--max-num-seqs", "2")
+    fleet.group.start(
+        "connector",
+        cli_command(
+            "connector", "local", *fleet.common(), "--initial", "agg=1",
+            "--log-dir", str(tmp_path / "workers"), *worker,
+        ),
+    )  # fmt: skip
+    try:
+        fleet.start_frontend("--router", "least-loaded")
+        fleet.group.start(
+            "planner",
+            cli_command(
+                "planner", *fleet.common(), "--model", M, "--interval", "1", "--mode", "load",
+                "--scale-up-cooldown", "1", "--scale-down-cooldown", "2",
+                "--max-replicas", "agg=2", "--set", "load_queue_high=1",
+            ),
+        )  # fmt: skip
+        async with Scaling(fleet) as scaling, httpx.AsyncClient(timeout=90) as client:
+            burst = await paced(client, fleet, 20.0, 6.0)  # beyond 2 slots at real time
+            up = await wait_for(lambda: scaling.applied(up=True), timeout=30)
+            results = await asyncio.gather(*burst)
+            await wait_for(lambda: scaling.applied(up=False), timeout=40)
+        assert up[0].replicas == 2
+        modes = {d.mode for d in scaling.decisions}
+        assert modes == {"load"}, modes
+        grew = next(d for d in scaling.decisions if d.desired_replicas > d.current_replicas)
+        assert any("above threshold" in r for r in grew.reasons), grew.reasons
+        assert all(r["usage"]["completion_tokens"] == MAX_TOKENS for r in results)
+        assert not [s for s in scaling.statuses if s.state == "failed"]
+    finally:
+        fleet.stop()

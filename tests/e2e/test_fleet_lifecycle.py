@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 
 import httpx
@@ -142,6 +144,44 @@ async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
     assert "".join(texts) == calm.json()["choices"][0]["text"]  # no token repeated or lost
     slow_fleet.add_worker()  # restore two workers for the next tests
     await wait_for(lambda: _count(slow_fleet, 2), timeout=20)
+
+
+async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_server, tmp_path):
+    """SIGSTOP: the worker stays in discovery (``--ttl 60``) but sends nothing; only the
+    frontend's stall timeout (1 s) can move the stream to the other worker."""
+    f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--ttl", "60"))
+    stopped: int | None = None
+    try:
+        f.add_worker()
+        f.add_worker()
+        f.start_frontend("--router", "round-robin", "--stall-timeout", "1")
+        await wait_for(lambda: _count(f, 2), timeout=20)
+        body = {"model": M, "prompt": "hang", "max_tokens": 200, "stream": True, "seed": 5}
+        body["stream_options"] = {"include_usage": True}
+        usage, n_text, started = None, 0, time.monotonic()
+        async with Observations(f) as obs, httpx.AsyncClient(timeout=30) as client:
+            async with client.stream("POST", f"{f.base_url}/v1/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    assert "error" not in event, event
+                    n_text += bool(event["choices"])
+                    usage = event.get("usage") or usage
+                    if stopped is None and n_text >= 3:
+                        serving = await _serving_worker(f)
+                        proc = f.group.children[serving.removeprefix(f"{f.prefix}-")].proc
+                        stopped = proc.pid
+                        os.kill(stopped, signal.SIGSTOP)
+            await wait_for(lambda: len(obs.items) >= 1, timeout=10)
+        assert usage is not None and usage["completion_tokens"] == 200
+        assert obs.items[-1].attempts == 2 and obs.items[-1].status == "ok"
+        assert await _has(f, serving)  # still registered: only the stall timeout moved it
+        assert time.monotonic() - started < 25
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        f.stop()
 
 
 async def _serving_worker(fleet: Fleet) -> str:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import time
+
 import httpx
 import pytest
 
 from base.connect import connect_redis
+from base.process import cli_command
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt
@@ -92,12 +98,6 @@ async def test_departed_worker_blocks_are_dropped(kv_fleet):
 
 
 async def test_replay_kv_explains_why_a_request_went_where_it_went(kv_fleet):
-    import time
-
-    from base.connect import close_nats, connect_nats
-    from router.kv.replay import replay_kv
-    from schemas import Subjects
-
     t0 = time.time() - 1
     prompt = "explain my route, please: " * 20  # 520 bytes = 32 full blocks
     async with Observations(kv_fleet) as obs, httpx.AsyncClient(timeout=30) as client:
@@ -114,18 +114,39 @@ async def test_replay_kv_explains_why_a_request_went_where_it_went(kv_fleet):
                 await wait_for(
                     lambda: _indexed(kv_fleet, obs.items[0].worker_id, prompt), timeout=10
                 )
-    nc = await connect_nats(kv_fleet.nats_url, name="test-replay-kv")
-    try:
-        report = await replay_kv(nc.jetstream(), Subjects(kv_fleet.prefix), None, ids[1], t0, 16)
-    finally:
-        await close_nats(nc)
+    # As an operator asks it: the CLI, JSON out.
+    argv = cli_command(
+        "replay", "kv", "--nats", kv_fleet.nats_url, "--subject-prefix", kv_fleet.prefix,
+        "--request", ids[1], "--from", str(t0), "--json",
+    )  # fmt: skip
+    done = await asyncio.to_thread(
+        subprocess.run,
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)["request"]
     second = obs.items[1]
-    assert report.routed_to == second.worker_id == obs.items[0].worker_id
-    assert report.prompt_blocks == 32
-    assert report.overlaps.get(second.worker_id) == 32
-    assert report.recorded is not None and report.recorded.policy == "kv"
-    won = next(c for c in report.recorded.candidates if c.worker_id == second.worker_id)
-    assert won.overlap_blocks == report.overlaps[second.worker_id]
+    assert report["routed_to"] == second.worker_id == obs.items[0].worker_id
+    assert report["prompt_blocks"] == 32
+    assert report["replayed_overlap"].get(second.worker_id) == 32
+    assert report["recorded"][second.worker_id]["overlap"] == 32  # what the router saw then
+    for prefix, said in ((kv_fleet.prefix, "no-such-id"), ("nofleet", "no fleet under")):
+        argv = cli_command(
+            "replay", "kv", "--nats", kv_fleet.nats_url, "--subject-prefix", prefix,
+            "--request", "no-such-id",
+        )  # fmt: skip
+        missing = await asyncio.to_thread(
+            subprocess.run,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert missing.returncode == 1 and said in missing.stderr, missing.stderr
+        assert "Traceback" not in missing.stderr
 
 
 async def _indexed(fleet, worker_id: str, prompt: str) -> bool:

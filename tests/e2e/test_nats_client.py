@@ -77,8 +77,8 @@ def test_publish_cli(routed_fleet):
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
     )
+    assert out.returncode == 0, out.stdout + out.stderr
     chunks = [json.loads(line) for line in out.stdout.splitlines()]
     assert chunks[-1]["finish_reason"] == "length"
     assert sum(len(c.get("token_ids", [])) for c in chunks) == 8
@@ -100,8 +100,8 @@ def test_status_cli_json(routed_fleet):
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
     )
+    assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["models"][0]["name"] == "jetfleet-tiny"
     live = [w for w in report["workers"] if w["status"] == "ready"]

@@ -218,6 +218,12 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
         _a_dead_component_is_restarted(out, proc)
         children = [int(p) for p in re.findall(r'"pid": (\d+)', out.read_text())]
         assert len(children) >= 5  # nats, redis, connector, planner, indexer, frontend
+        # The workers are the connector's children, not up's: their pids come from discovery.
+        status = subprocess.run(
+            cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
+        )
+        worker_pids = [int(w["pid"]) for w in json.loads(status.stdout)["workers"]]
+        assert worker_pids and all(worker_pids) and _pids_alive(worker_pids) == worker_pids
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
@@ -225,6 +231,7 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
     workers = (tmp_path / "state" / "logs").glob("agg-*.log")
     assert [w for w in workers], "the connector started the workers"
     _wait_until(lambda: not _pids_alive(children), 10, "every child process exits")
+    _wait_until(lambda: not _pids_alive(worker_pids), 10, "the connector's workers exit too")
 
 
 def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:

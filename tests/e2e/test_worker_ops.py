@@ -25,20 +25,28 @@ def test_worker_serves_health_and_metrics(nats_server, tmp_path) -> None:
         fleet.stop()
 
 
-def test_vllm_engine_without_vllm_fails_clearly() -> None:
-    import importlib.util
+def test_vllm_engine_without_vllm_fails_clearly(tmp_path) -> None:
+    """Runs on every machine: a ``vllm`` package that cannot be imported shadows any installed
+    one on the worker's path, as on a machine without vLLM."""
+    import os
     import subprocess
 
     from base.process import cli_command
 
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here")
+    shadow = tmp_path / "vllm"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('No module named vllm (shadowed)')\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
     out = subprocess.run(
         cli_command("worker", "--engine", "vllm", "--nats", "nats://127.0.0.1:1"),
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
-    assert out.returncode == 2
+    assert out.returncode == 2, out.stderr
     assert "pip install 'jetfleet[vllm]'" in out.stderr
     assert "Traceback" not in out.stderr

@@ -150,5 +150,10 @@ async def test_servers_start_from_async_code(tmp_path: Path) -> None:
     await asyncio.gather(a.start_async(), b.start_async())
     try:
         await _nats_round_trip(a.url)
+        r = await connect_redis(b.url)
+        try:
+            assert await r.set("started", "async") and await r.get("started") == b"async"
+        finally:
+            await r.aclose()
     finally:
         await asyncio.gather(a.stop_async(), b.stop_async())

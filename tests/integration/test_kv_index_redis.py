@@ -1,3 +1,4 @@
+import asyncio
 import uuid
 
 import pytest
@@ -9,6 +10,7 @@ from router.kv.redis_index import RedisPrefixIndex
 from router.kv.routing import CandidateLoad, RouteCall
 from router.kv.shape import UNKNOWN
 from schemas.hashing import block_hashes
+from tests.helpers import wait_for
 from tests.kv_contract import BS, Feeder, IndexContract, M, tokens
 
 pytestmark = pytest.mark.integration
@@ -43,17 +45,32 @@ async def test_scripts_are_loaded_again_after_a_flush(index):
     assert await index.release("r")
 
 
-async def test_a_killed_connection_fails_the_call_and_the_next_one_reconnects(index):
+async def test_a_killed_connection_fails_the_call_and_the_next_one_reconnects(index, redis_url):
+    """The lean pipe (``resp.py``): a call in flight when its connection dies raises redis-py's
+    ConnectionError (the routers fall back on it); the next call connects again."""
     f = Feeder(index)
     await f.store("a", tokens(8))
     h = block_hashes(tokens(8), BS)
     assert await index.match(M, h) == {"a": 2}
-    await index.redis.client_kill_filter(_type="normal", skipme=True)
+    pipe = index._pipe
+    assert pipe is not None
+    victim = await pipe.call("CLIENT", "ID")
+    blocked = asyncio.create_task(pipe.call("BLPOP", f"jf:nothing-{uuid.uuid4().hex}", 30))
+    killer = await connect_redis(redis_url)
     try:
-        result = await index.match(M, h)
-    except RedisConnectionError:  # the call raced the close
-        result = await index.match(M, h)
-    assert result == {"a": 2}
+
+        async def waiting() -> bool:
+            clients = (await killer.execute_command("CLIENT", "LIST")).decode()
+            return f"id={victim} " in clients and "cmd=blpop" in clients
+
+        await wait_for(waiting, timeout=5)
+        assert await killer.client_kill_filter(_id=str(victim)) == 1
+    finally:
+        await killer.aclose()
+    with pytest.raises(RedisConnectionError):
+        await blocked
+    assert await index.match(M, h) == {"a": 2}
+    assert await pipe.call("CLIENT", "ID") != victim  # on a new connection
 
 
 async def test_a_restored_snapshot_has_no_known_shape(index, redis_url):

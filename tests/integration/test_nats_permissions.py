@@ -5,6 +5,7 @@ it was not given (a worker publishing scaling decisions, a frontend deleting a s
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 import httpx
@@ -24,7 +25,7 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.integration
 
 CONF = Path(__file__).resolve().parents[2] / "infra" / "deploy" / "nats-accounts.conf"
-ROLES = ("admin", "frontend", "router", "worker", "indexer", "planner", "connector")
+ROLES = ("admin", "client", "frontend", "router", "worker", "indexer", "planner", "connector")
 
 
 def password(role: str) -> str:
@@ -53,10 +54,21 @@ async def test_roles_serve_within_their_permissions(secured_nats, redis_url, tmp
     group = ProcessGroup(tmp_path)
     port = free_port()
     try:
+        group.start(  # its worker runs as the worker user, the connector as its own
+            "connector",
+            cli_command(
+                "connector", "local", "--nats", url_for(secured_nats, "connector"),
+                "--worker-nats", url_for(secured_nats, "worker"), "--initial", "agg=1",
+                "--speedup", "50", "--log-dir", str(tmp_path / "connector-workers"),
+            ),
+        )  # fmt: skip
         group.start(
-            "worker",
-            cli_command("worker", "--nats", url_for(secured_nats, "worker"), "--speedup", "50"),
-        )
+            "router",
+            cli_command(
+                "router-service", "--nats", url_for(secured_nats, "router"),
+                "--router", "round-robin",
+            ),
+        )  # fmt: skip
         group.start(
             "frontend",
             cli_command(
@@ -83,12 +95,27 @@ async def test_roles_serve_within_their_permissions(secured_nats, redis_url, tmp
             )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 5
+        # A NATS-only client through the router service, each with its own user.
+        argv = cli_command(
+            "publish", "Hello over NATS", "--nats", url_for(secured_nats, "client"),
+            "--max-tokens", "4",
+        )  # fmt: skip
+        published = await asyncio.to_thread(
+            subprocess.run,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert published.returncode == 0, published.stdout + published.stderr
+        assert "finish_reason=length" in published.stdout
         await decisions.next_msg(timeout=10)  # the planner decides with its own permissions
         logs = "".join(
             (tmp_path / f"{name}.log").read_text()
-            for name in ("worker", "frontend", "planner", "indexer")
-        )
+            for name in ("connector", "router", "frontend", "planner", "indexer")
+        ) + "".join(p.read_text() for p in (tmp_path / "connector-workers").glob("*.log"))
         assert "permissions violation" not in logs.lower()
+        assert "agg-0" in "".join(p.name for p in (tmp_path / "connector-workers").iterdir())
         assert all(c.proc.poll() is None for c in group.children.values())
     finally:
         group.stop_all(timeout_s=20)

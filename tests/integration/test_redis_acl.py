@@ -130,3 +130,20 @@ async def test_each_role_is_refused_what_it_does_not_need(acl_redis, subjects) -
     finally:
         await fe.aclose()
         await ix.aclose()
+
+
+async def test_the_admin_user_administers(acl_redis) -> None:
+    """What an operator does as admin: see who is connected as what, read and change the
+    configuration, list the users, look at the fleet's keys."""
+    admin = await connect_redis(url(acl_redis, "admin"))
+    try:
+        assert await admin.execute_command("ACL", "WHOAMI") == b"admin"
+        assert await admin.config_set("maxmemory-policy", "noeviction")
+        assert (await admin.config_get("maxmemory-policy"))["maxmemory-policy"] == "noeviction"
+        users = {u.decode() for u in await admin.execute_command("ACL", "USERS")}
+        assert users == {"default", "indexer", "frontend", "admin"}
+        await admin.set("jf:admin-probe", "1")
+        assert [k async for k in admin.scan_iter("jf:admin-probe")] == [b"jf:admin-probe"]
+        await admin.delete("jf:admin-probe")
+    finally:
+        await admin.aclose()

@@ -1,0 +1,106 @@
+"""The operator's CLI paths the README names, run as a user runs them (subprocesses, real
+servers): ``jetfleet servers``, ``jetfleet infra init``, ``jetfleet replay traffic``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+import redis
+
+from base.process import cli_command
+from schemas import Subjects
+from schemas.streams import fleet_topology
+from tests.e2e.fleet import Fleet
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+M = "jetfleet-tiny"
+
+
+def test_servers_runs_nats_and_redis_until_ctrl_c(tmp_path: Path) -> None:
+    out = tmp_path / "servers.out"
+    argv = cli_command(
+        "servers", "--nats-port", "0", "--redis-port", "0", "--state-dir", str(tmp_path / "s"),
+        "--log-format", "console",
+    )  # fmt: skip
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not (m := re.search(r"NATS +(\S+)\nRedis +(\S+)", out.read_text())):
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            time.sleep(0.05)
+        nats_url, redis_url = m.group(1), m.group(2)
+        r = redis.Redis.from_url(redis_url)
+        assert r.ping() and r.set("k", "v") and r.get("k") == b"v"
+        r.close()
+
+        async def jetstream_answers() -> None:
+            nc = await nats.connect(nats_url)
+            await nc.jetstream().account_info()  # JetStream is on
+            await nc.close()
+
+        asyncio.run(jetstream_answers())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+    assert code == 0, out.read_text()
+    assert out.read_text().count("server_stopped") == 2
+
+
+async def test_infra_init_creates_every_stream_and_bucket_twice_over(nats_url: str) -> None:
+    prefix = "init" + str(int(time.time() * 1000) % 10**8)
+    argv = cli_command("infra", "init", "--nats", nats_url, "--subject-prefix", prefix)
+    for _ in range(2):  # idempotent: the second run changes nothing and succeeds
+        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    topology = fleet_topology(Subjects(prefix))
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        for stream in topology.streams:
+            assert (await js.stream_info(stream.name)).config.subjects
+        for bucket in topology.buckets:
+            await js.key_value(bucket.name.removeprefix("KV_"))
+        for store in topology.object_stores:
+            await js.object_store(store.name.removeprefix("OBJ_"))
+    finally:
+        await nc.close()
+
+
+async def test_replay_traffic_sends_recorded_requests_again(fleet: Fleet) -> None:
+    since = time.time() - 1
+    async with httpx.AsyncClient(timeout=30) as client:
+        for i in range(4):
+            r = await client.post(
+                f"{fleet.base_url}/v1/completions",
+                json={"model": M, "prompt": f"record me {i}", "max_tokens": 3},
+            )
+            assert r.status_code == 200, r.text
+    argv = cli_command(
+        "replay", "traffic", "--nats", fleet.nats_url, "--subject-prefix", fleet.prefix,
+        "--from", str(since), "--speed", "10", "--router", "round-robin",
+    )  # fmt: skip
+    before = _finished(fleet)
+    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["recorded_requests"] == 4 and report["replayed"] == 4
+    assert report["errors"] == 0, report["error_samples"]
+    assert report["e2e_ms"]["p50"] > 0
+    await wait_for(lambda: _finished(fleet) == before + 4, timeout=10)  # the workers ran them
+
+
+def _finished(fleet: Fleet) -> int:
+    names = [n for n in fleet.group.children if n.startswith("worker")]
+    return sum(fleet.log(n).count('"request_finished"') for n in names)
