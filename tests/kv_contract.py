@@ -126,8 +126,9 @@ class IndexContract:
         # the reservation makes a second identical request weigh a's decode load
         out2 = await index.route(RouteCall(M, "r2", h, 8, cands, now_ms=1001))
         assert out2.costs == (16.0, 16.0)
-        await index.release("r1")
-        await index.release("r2")
+        assert out2.loads == (8, 0)  # a's reserved blocks (prefill 0 + decode 8), b's none
+        assert await index.release("r1")
+        assert await index.release("r2")
         assert await index.reserved(M, "a") == (0, 0)
         assert await index.reserved(M, "b") == (0, 0)
         assert not await index.release("r1")
@@ -188,3 +189,41 @@ class IndexContract:
             )
             picks.add(out.winner)
         assert picks == {"a", "b"}
+
+    async def test_gaps_are_only_skipped_event_ids(self, index):
+        f = Feeder(index)
+        first = await f.send("a", BlockStored((1,), None, tuple(tokens(4)), BS), event_id=7)
+        assert first.applied and not first.gap  # a worker's first batch: nothing to compare
+        nxt = await f.send("a", BlockStored((2,), 1, tuple(tokens(4, 4)), BS), event_id=8)
+        assert not nxt.gap
+        assert (await f.send("a", AllBlocksCleared(), event_id=10)).gap
+        await index.drop_worker(M, "a")  # forgets its event id too
+        assert not (await f.send("a", AllBlocksCleared(), event_id=3)).gap
+
+    async def test_a_store_after_a_clear_in_one_batch_lands(self, index):
+        f = Feeder(index)
+        await f.store("a", tokens(8))
+        fleet = block_hashes(tokens(8, 40), BS)
+        await f.send(
+            "a", AllBlocksCleared(), BlockStored((501, 502), None, tuple(tokens(8, 40)), BS)
+        )
+        assert await index.match(M, block_hashes(tokens(8), BS)) == {}
+        assert await index.match(M, fleet) == {"a": 2}
+        assert await index.worker_mapping(M, "a") == {501: fleet[0], 502: fleet[1]}
+
+    async def test_workers_lists_one_models_workers(self, index):
+        f = Feeder(index)
+        await f.store("a", tokens(4))
+        await index.apply("other", "z", 1, 0, ())
+        assert await index.workers(M) == {"a"}
+        assert await index.workers("other") == {"z"}
+        assert await index.worker_mapping(M, "nobody") == {}
+
+    async def test_a_reservation_expires_at_its_deadline(self, index):
+        h = tuple(block_hashes(tokens(16), BS))
+        cands = (CandidateLoad("a"),)
+        await index.route(RouteCall(M, "r1", h, 4, cands, now_ms=1000, ttl_ms=500))
+        assert await index.reserved(M, "a") == (4, 4)
+        await index.route(RouteCall(M, "", h, 4, cands, now_ms=1500))  # exactly at 1000 + 500
+        assert await index.reserved(M, "a") == (0, 0)
+        assert not await index.release("r1")

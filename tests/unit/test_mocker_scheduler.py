@@ -283,3 +283,45 @@ def test_a_migrated_request_continues_the_same_stream() -> None:
     moved = SeqRequest("r", whole.prompt_token_ids + tuple(undisturbed[:k]), 10 - k, 7, None, k)
     resumed = add_and_run(make_scheduler(), moved).tokens["r"]
     assert undisturbed[:k] + resumed == undisturbed
+
+
+# ------------------------------------------------------------- counted exactly (mutation runs)
+def test_preemptions_are_counted_one_each() -> None:
+    sched = make_scheduler(num_gpu_blocks=8, max_num_seqs=2)
+    run = add_and_run(
+        sched, make_request("old", prompt(8, 0), 12), make_request("new", prompt(8, 500), 12)
+    )
+    preempted = sum(len(s.preempted) for s in run.steps)
+    assert preempted >= 1 and sched.stats().num_preempted_total == preempted
+    assert make_scheduler().stats().num_preempted_total == 0
+
+
+def test_prompt_and_cached_totals_add_up_over_requests() -> None:
+    sched = make_scheduler()
+    add_and_run(sched, make_request("a", prompt(10)), make_request("b", prompt(13, 5000)))
+    add_and_run(sched, make_request("c", prompt(10)))  # a's two full blocks are cached
+    stats = sched.stats()
+    assert stats.prompt_tokens_total == 10 + 13 + 10
+    assert stats.cached_tokens_total == 8
+
+
+def test_without_prefix_caching_nothing_is_reused() -> None:
+    sched = make_scheduler(enable_prefix_caching=False)
+    run = add_and_run(sched, make_request("a", prompt(12)))
+    run = add_and_run(sched, make_request("b", prompt(12)))
+    assert run.cached == {"b": 0} and sched.stats().cached_tokens_total == 0
+
+
+def test_a_request_that_just_fits_the_pool_is_not_rejected() -> None:
+    # 4 blocks of 4: a 10-token prompt with 7 outputs needs 10 + 7 - 1 = 16 KV tokens
+    sched = make_scheduler(num_gpu_blocks=4, max_num_batched_tokens=64)
+    run = add_and_run(sched, make_request("fits", prompt(10), max_tokens=7))
+    assert run.finish == {"fits": "length"} and len(run.tokens["fits"]) == 7
+    run = add_and_run(sched, make_request("over", prompt(10), max_tokens=8))
+    assert run.finish["over"] not in ("length", "stop")  # 17 tokens: 5 blocks, never
+
+
+def test_without_chunking_a_prompt_of_exactly_the_budget_runs() -> None:
+    sched = make_scheduler(enable_chunked_prefill=False, max_num_batched_tokens=16)
+    run = add_and_run(sched, make_request("exact", prompt(16), max_tokens=1))
+    assert run.finish == {"exact": "length"}

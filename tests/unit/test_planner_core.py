@@ -245,6 +245,9 @@ def test_decision_to_wire():
     assert (wire.current_replicas, wire.desired_replicas, wire.decision_id) == (1, 3, 1)
     assert wire.predicted_rps == pytest.approx(25.0)
     assert wire.reasons == decisions[0].reasons and wire.dry_run
+    assert (wire.model, wire.role, wire.ts_s) == ("llama", "agg", INTERVAL_S)
+    assert (wire.predicted_isl, wire.predicted_osl) == (1000.0, 100.0)
+    assert not decisions[0].to_wire("llama").dry_run
 
 
 def test_config_validation():
@@ -312,3 +315,143 @@ def test_scaled_to_zero_comes_back_for_turned_away_requests(cfg: PlannerConfig):
     assert decisions[0].desired == 1
     _, idle = plan(cfg, PlannerState(), obs(0, 0.0, {"agg": 0}))
     assert idle[0].desired == 0  # no demand: stays at zero
+
+
+# -------------------------------------------- the online correction, at each of its edges
+# BASE: a replica prefills 10k tokens/s. 100 requests in a 10 s interval of 1000 prompt tokens
+# = 10k tokens/s of prefill demand: half of two replicas, exactly the default 0.5 utilisation
+# from which a pool counts as loaded enough to judge the profile by its latency.
+def _corrected(n: int = 100, replicas: dict[str, int] | None = None, **kw: float):
+    from planner.capacity import OnlineCorrection
+    from planner.core import _correct
+
+    o = replace(obs(0, 0.0, replicas or {"agg": 2}), num_requests=n, **kw)
+    return _correct(BASE, OnlineCorrection(), o)
+
+
+def test_the_correction_judges_a_loaded_pool_even_on_target():
+    assert _corrected(p90_ttft_s=0.5).factors == (("prefill", 1.0),)  # at 0.5 util, on target
+    assert _corrected(99, p90_ttft_s=0.5).factors == ()  # just under: latency says nothing
+
+
+def test_the_correction_judges_any_pool_that_misses_its_target():
+    corr = _corrected(10, p90_ttft_s=1.0)  # 5% utilised but 2x over target: distrust
+    assert corr.factor("prefill") == pytest.approx(0.85)  # 0.7 + 0.3 * 0.5
+    assert _corrected(1, {"agg": 1}, p90_ttft_s=0.75).factor("prefill") < 1.0
+
+
+def test_cached_tokens_are_not_prefill_demand():
+    assert _corrected(100, p90_ttft_s=0.5, mean_cached_tokens=10.0).factors == ()
+
+
+def test_no_requests_no_latency_or_no_pool_for_the_phase_change_nothing():
+    assert _corrected(0, p90_ttft_s=2.0).factors == ()
+    assert _corrected(100).factors == ()  # no TTFT measured
+    assert _corrected(100, {"decode": 2}, p90_ttft_s=2.0).factors == ()  # nobody prefills
+
+
+def test_decode_is_judged_by_itl_even_without_a_ttft():
+    corr = _corrected(10, itl_s=0.1)  # ITL 2x its 50 ms target
+    assert corr.factor("decode") == pytest.approx(0.85) and corr.factor("prefill") == 1.0
+
+
+def test_the_gpu_budget_cuts_the_largest_increase_first_down_to_the_minimums():
+    from planner.core import _budget
+
+    cfg = replace(BASE, max_total_replicas=6, default_min_replicas=1)
+    assert _budget(cfg, {"a": 2, "b": 2}, {"a": 5, "b": 3}) == {"a": 3, "b": 3}
+    assert _budget(cfg, {"a": 1, "b": 1}, {"a": 3, "b": 3}) == {"a": 3, "b": 3}  # fits exactly
+    assert _budget(cfg, {"a": 4, "b": 4}, {"a": 4, "b": 4}) == {"a": 3, "b": 3}  # largest role
+    tight = replace(cfg, max_total_replicas=1)
+    assert _budget(tight, {"a": 1, "b": 1}, {"a": 2, "b": 2}) == {"a": 1, "b": 1}  # minimums
+
+
+# ------------------------------------------- load mode's thresholds, exactly at their edges
+# Defaults: high = 4 waiting/replica or 85% KV, low = 0.5 waiting/replica and 40% KV.
+@pytest.mark.parametrize(
+    ("current", "waiting", "kv", "requests", "target", "says"),
+    [
+        (2, 8, 0.5, 10, 2, "waiting 4.0/replica, kv 50%: within thresholds"),  # at high: hold
+        (2, 9, 0.5, 10, 3, "waiting 4.5/replica, kv 50%: above threshold"),
+        (2, 0, 0.85, 10, 2, "waiting 0.0/replica, kv 85%: within thresholds"),
+        (2, 0, 0.86, 10, 3, "waiting 0.0/replica, kv 86%: above threshold"),
+        (2, 1, 0.4, 10, 1, "waiting 0.5/replica, kv 40%: well below thresholds"),  # at low
+        (2, 2, 0.4, 10, 2, "waiting 1.0/replica, kv 40%: within thresholds"),
+        (2, 1, 0.41, 10, 2, "waiting 0.5/replica, kv 41%: within thresholds"),
+        (1, 0, 0.0, 10, 0, "waiting 0.0/replica, kv 0%: well below thresholds"),
+        (0, 0, 0.0, 1, 1, "1 requests with no replica"),  # one turned-away request is demand
+        (0, 0, 0.0, 0, 0, "waiting 0.0/replica, kv 0%: within thresholds"),
+        (3, 0, 0.0, 10, 2, "waiting 0.0/replica, kv 0%: well below thresholds"),  # one step
+    ],
+)
+def test_load_rule_at_each_threshold(
+    current: int, waiting: int, kv: float, requests: int, target: int, says: str
+) -> None:
+    from planner.rules import load_target
+
+    o = replace(
+        obs(0, 0.0, {"agg": current}, waiting={"agg": waiting}, kv={"agg": kv}),
+        num_requests=requests,
+    )
+    assert load_target(BASE, o, "agg", current) == (target, (says,))
+
+
+def test_a_role_without_a_waiting_report_counts_none() -> None:
+    from planner.rules import load_target
+
+    o = replace(obs(0, 0.0, {"agg": 1}), num_requests=5)
+    assert load_target(BASE, o, "agg", 1)[0] == 0
+
+
+def test_bounds_name_what_they_did() -> None:
+    from planner.core import _bound
+
+    cfg = replace(BASE, default_min_replicas=2, default_max_replicas=4)
+    # _bound(cfg, role, current, desired)
+    assert _bound(cfg, "agg", 1, 1) == (2, ("raised to min 2",))
+    assert _bound(cfg, "agg", 2, 1) == (2, ("hold: at min 2",))
+    assert _bound(cfg, "agg", 3, 2) == (2, ())  # at the minimum: nothing to say
+    assert _bound(cfg, "agg", 3, 4) == (4, ())  # at the maximum too
+    assert _bound(cfg, "agg", 3, 5) == (4, ("capped at max 4",))
+    per_role = replace(cfg, max_replicas={"agg": 6})
+    assert _bound(per_role, "agg", 3, 6) == (6, ())
+
+
+def test_in_system_and_arrivals_edges() -> None:
+    from planner.core import arrivals, in_system
+
+    base = obs(0, 1.0, {"agg": 1})  # 10 finished in the interval
+    only_running = replace(base, total_running={"agg": 3})
+    assert in_system(base) == -1 and in_system(only_running) == 3
+    assert in_system(replace(only_running, total_waiting={"agg": 2})) == 5
+    cfg = replace(BASE, arrival_estimate=True)
+    empty = replace(base, total_running={"agg": 0})
+    assert arrivals(cfg, replace(PlannerState(), in_system=0), empty) == 10.0  # 0 known, not -1
+    assert arrivals(cfg, replace(PlannerState(), in_system=2), empty) == 8.0  # 10 + 0 - 2
+    assert arrivals(cfg, replace(PlannerState(), in_system=-1), only_running) == 10.0
+    drained = replace(base, num_requests=0, total_running={"agg": 0})
+    assert arrivals(cfg, replace(PlannerState(), in_system=5), drained) == 0.0
+
+
+def test_cooldowns_say_how_long_is_left_and_ids_count_intervals():
+    history = run(BASE, [60.0] * 2 + [5.0] * 5, {"agg": 6})
+    reasons = [r for d in (ds[0] for ds in history) for r in d.reasons if "cooldown" in r]
+    # start at t=10 counts as a change; the load drops at t=30: 60 - 20 = 40 s left, then 30...
+    assert reasons[:3] == [
+        "hold: scale-down cooldown, 40s left",
+        "hold: scale-down cooldown, 30s left",
+        "hold: scale-down cooldown, 20s left",
+    ]
+    assert [ds[0].decision_id for ds in history] == list(range(1, 8))
+    up = run(replace(BASE, scale_up_cooldown_s=30.0), [10.0, 30.0, 60.0], {"agg": 1})
+    assert up[2][0].reasons[-1] == "hold: scale-up cooldown, 20s left"  # up at t=20, now t=30
+
+
+def test_the_budget_cuts_the_largest_increase_not_the_largest_sum():
+    from planner.core import _budget
+
+    cfg = replace(BASE, max_total_replicas=7, default_min_replicas=1)
+    # a grows 0 -> 4 (+4), b holds at 5 (+0): a is cut first although b is larger
+    assert _budget(cfg, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 2, "b": 5}
+    per_role_min = replace(cfg, min_replicas={"a": 3})
+    assert _budget(per_role_min, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 3, "b": 4}

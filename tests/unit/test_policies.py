@@ -113,3 +113,72 @@ def test_make_policy_rejects_unknown_names():
     assert make_policy("pool") is None
     with pytest.raises(ValueError, match="unknown routing policy"):
         make_policy("nope")
+
+
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [("round-robin", RoundRobin), ("random", RandomChoice), ("least-loaded", LeastLoaded)],
+)
+async def test_each_name_builds_its_policy_and_decisions_say_which(name: str, cls: type) -> None:
+    from router.policies import LocalRouter
+
+    st = state_with(reg("a"), reg("b"))
+    st.apply_load(load("a", running=2, waiting=1), 0.0)
+    policy = make_policy(name, seed=5)
+    assert type(policy) is cls and policy.name == name
+    router = LocalRouter(policy)
+    assert router.name == name
+    d = await router.route(Q, st.candidates("m"))
+    assert d.policy == name and d.worker_id in {"a", "b"}
+    assert 0.0 < d.decision_us < 1e5  # microseconds of one decision, measured
+    if name == "least-loaded":  # the candidates carry the loads the choice was made on
+        assert {c.worker_id: c.load for c in d.candidates} == {"a": 3.0, "b": 0.0}
+        assert d.worker_id == "b"
+
+
+def test_the_seed_reaches_the_random_policies() -> None:
+    st = state_with(*(reg(w) for w in "abcdefgh"))
+    for name in ("random", "least-loaded"):
+        runs = [
+            [make_policy(name, seed=s).choose(Q, st.candidates("m")).worker_id for _ in range(1)]
+            for s in (11, 11)
+        ]
+        assert runs[0] == runs[1]
+        seqs = {
+            tuple(p.choose(Q, st.candidates("m")).worker_id for _ in range(12))
+            for p in (make_policy(name, seed=s) for s in range(6))
+        }
+        assert len(seqs) > 1  # different seeds, different choices: the seed is used
+
+
+def test_kv_names_are_refused_here_with_where_to_go() -> None:
+    for name in ("kv", "approx"):
+        with pytest.raises(
+            ValueError, match=r"is a KV-aware router: use router\.routers\.build_router"
+        ):
+            make_policy(name)
+    with pytest.raises(ValueError, match="choose from kv, round-robin, random, least-loaded, "):
+        make_policy("fastest")  # every choice named, comma-separated
+
+
+@pytest.mark.parametrize(
+    ("costs", "temperature", "rand", "winner"),
+    [
+        ([3.0, 1.0, 1.0], 0.0, 0.0, 1),  # ties: rand picks among the cheapest
+        ([3.0, 1.0, 1.0], 0.0, 0.99, 2),
+        ([1.0, 1.0], 0.0, 1.0, 1),  # rand at its top end stays in range
+        ([0.0, 8.0], 8.0, 0.72, 0),  # weights 1 and e^-1: 0 holds 73.1%
+        ([0.0, 8.0], 8.0, 0.74, 1),
+        ([2.0, 10.0], 8.0, 0.72, 0),  # shifted by the best: the same split
+        ([0.0, 0.8], 0.5, 0.82, 0),  # weights 1 and e^-1.6 (0.2019): 0 holds 83.2%
+        ([0.0, 0.8], 0.5, 0.84, 1),
+        ([0.0, 0.0, 0.0], 1.0, 1 / 3, 1),  # exactly at a boundary: the next one
+        ([0.0, 0.0], 1.0, 1.0, 1),  # rand 1.0: the last, never past it
+    ],
+)
+def test_pick_follows_the_softmax_over_costs(
+    costs: list[float], temperature: float, rand: float, winner: int
+) -> None:
+    from router.kv.routing import pick
+
+    assert pick(costs, temperature, rand) == winner
