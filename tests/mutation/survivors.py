@@ -60,6 +60,13 @@ EQUIVALENT = {
     "schemas.validate.x_is_subject_token__mutmut_3": "the pattern needs one character anyway",
     "router.kv.routing.x_pick__mutmut_9": "exp(-(c + best)/T) scales every weight by the same "
     "exp(-2 best/T): the normalised softmax is unchanged",
+    **{
+        f"workers.engines.mocker.sequence.xǁSequenceǁreset_for_recompute__mutmut_{i}": (
+            "a preempted sequence is used again only after `Scheduler._admit`, which assigns "
+            "status, num_computed, block_ids and num_committed anew"
+        )
+        for i in range(1, 7)
+    },
 }
 
 
