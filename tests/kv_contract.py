@@ -227,3 +227,20 @@ class IndexContract:
         await index.route(RouteCall(M, "", h, 4, cands, now_ms=1500))  # exactly at 1000 + 500
         assert await index.reserved(M, "a") == (0, 0)
         assert not await index.release("r1")
+
+    async def test_a_worker_missing_a_middle_block_stops_there_while_others_go_on(self, index):
+        f = Feeder(index)
+        await f.store("a", tokens(16))
+        await f.store("b", tokens(16))
+        h = block_hashes(tokens(16), BS)
+        await f.send("a", BlockRemoved((h[1],)))
+        assert await index.match(M, h) == {"a": 1, "b": 4}  # a's block 2 does not count
+
+    async def test_routing_a_request_again_replaces_its_reservation(self, index):
+        h = tuple(block_hashes(tokens(16), BS))
+        cands = (CandidateLoad("a"),)
+        await index.route(RouteCall(M, "r1", h, 4, cands, now_ms=1))
+        await index.route(RouteCall(M, "r1", h, 4, cands, now_ms=2))
+        assert await index.reserved(M, "a") == (4, 4)  # once, not twice
+        await index.route(RouteCall(M, "r2", h, 4, cands, now_ms=3))
+        assert await index.reserved(M, "a") == (8, 8)  # two requests add up

@@ -67,6 +67,21 @@ EQUIVALENT = {
         )
         for i in range(1, 7)
     },
+    **{
+        f"router.kv.index.xǁInMemoryPrefixIndexǁrelease__mutmut_{i}": (
+            "a reservation exists only after `route` created its worker's load entry, and no "
+            "entry is ever deleted: the default is never used"
+        )
+        for i in (8, 10, 11, 12)
+    },
+    "router.kv.index.xǁInMemoryPrefixIndexǁapply__mutmut_3": "`applied=None` is as falsy as "
+    "False, and every caller tests truthiness",
+    "planner.core.x__damp__mutmut_22": "`plan` sets start_ts_s before damping, so last_change "
+    "is never None here",
+    "planner.core.x__correct__mutmut_35": "an observed latency of 0 reaches "
+    "`OnlineCorrection.update`, which ignores non-positive input",
+    "planner.rules.x_throughput_target__mutmut_41": "when required == current both branches "
+    "return the same replicas and reasons",
 }
 
 

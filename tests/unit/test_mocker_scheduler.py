@@ -325,3 +325,36 @@ def test_without_chunking_a_prompt_of_exactly_the_budget_runs() -> None:
     sched = make_scheduler(enable_chunked_prefill=False, max_num_batched_tokens=16)
     run = add_and_run(sched, make_request("exact", prompt(16), max_tokens=1))
     assert run.finish == {"exact": "length"}
+
+
+def test_a_rejected_request_reports_its_prompt_and_nothing_else() -> None:
+    from workers.engines.mocker.scheduler import SeqOutput
+
+    sched = make_scheduler(num_gpu_blocks=4)
+    sched.add_request(make_request("big", 20, max_tokens=2))
+    sched.add_request(make_request("ok", 4, max_tokens=1))
+    assert sched.stats().num_waiting == 2  # the rejected one waits for its error output too
+    outputs = sched.step().outputs
+    assert outputs[0] == SeqOutput("big", (), True, "error", 20, 0, 0)
+    assert not sched.abort("big")  # finished: nothing left to abort
+    run_until_idle(sched)
+    assert sched.stats().num_waiting == 0
+
+
+def test_aborting_a_rejected_request_before_its_step_leaves_no_output() -> None:
+    sched = make_scheduler(num_gpu_blocks=4)
+    sched.add_request(make_request("big", 20, max_tokens=2))
+    assert sched.abort("big") and not sched.has_work
+    assert sched.step().outputs == []
+
+
+def test_a_prefill_chunk_does_not_hold_back_the_decodes_of_its_step() -> None:
+    sched = make_scheduler(max_num_batched_tokens=8)
+    sched.add_request(make_request("dec", 4, max_tokens=6))
+    sched.step()  # dec prefilled, first token out
+    sched.add_request(make_request("long", prompt(30, 7000), max_tokens=1))
+    step = sched.step()
+    by_id = {o.request_id: o for o in step.outputs}
+    assert len(by_id["dec"].new_token_ids) == 1  # decoded in the step that chunked "long"
+    assert "long" not in by_id or by_id["long"].new_token_ids == ()
+    assert step.num_prefill_tokens == 7 and step.num_decode_seqs == 1

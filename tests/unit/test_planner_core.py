@@ -455,3 +455,50 @@ def test_the_budget_cuts_the_largest_increase_not_the_largest_sum():
     assert _budget(cfg, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 2, "b": 5}
     per_role_min = replace(cfg, min_replicas={"a": 3})
     assert _budget(per_role_min, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 3, "b": 4}
+
+
+def test_predictors_carry_their_history_across_intervals():
+    cfg = replace(BASE, predictor="moving_average")
+    history = run(cfg, [10.0, 30.0], {"agg": 4})
+    assert history[-1][0].predicted_rps == pytest.approx(20.0)  # mean of both, not the last
+    state = PlannerState()
+    for i in range(3):
+        state, _ = plan(BASE, state, obs(i, 10.0, {"agg": 2}))
+    assert state.interval_index == 3
+
+
+def test_lengths_are_predicted_only_from_intervals_that_finished_requests():
+    cfg = replace(BASE, predictor="moving_average")
+    state = PlannerState()
+    state, _ = plan(cfg, state, obs(0, 1.0, {"agg": 1}))  # isl 1000, osl 100
+    idle = replace(obs(1, 0.0, {"agg": 1}), mean_isl=0.0, mean_osl=0.0)
+    state, ds = plan(cfg, state, idle)
+    assert (ds[0].predicted_isl, ds[0].predicted_osl) == (1000.0, 100.0)
+    one = replace(obs(2, 0.0, {"agg": 1}), num_requests=1, mean_isl=400.0, mean_osl=40.0)
+    _, ds = plan(cfg, state, one)
+    assert (ds[0].predicted_isl, ds[0].predicted_osl) == (700.0, 70.0)  # one request counts
+
+
+def test_the_phase_that_needs_more_replicas_names_the_need():
+    from planner.capacity import OnlineCorrection
+    from planner.rules import Prediction, throughput_target
+
+    # decode-heavy: 10 rps x 1000 output tokens = 10k tokens/s of decode against 2k per replica
+    pred = Prediction(rps=10.0, isl=100.0, osl=1000.0, cached=0.0)
+    target, why = throughput_target(BASE, OnlineCorrection(), pred, "agg", 1)
+    assert target == 5 and why[0].endswith("needs 5 replicas (decode)")
+
+
+def test_arrivals_count_growth_from_an_empty_system():
+    from planner.core import arrivals
+
+    cfg = replace(BASE, arrival_estimate=True)
+    now3 = replace(obs(0, 1.0, {"agg": 1}), total_running={"agg": 3})
+    assert arrivals(cfg, replace(PlannerState(), in_system=0), now3) == 13.0  # 10 done + 3 new
+
+
+def test_one_replica_with_five_waiting_is_over_the_queue_threshold():
+    from planner.rules import load_target
+
+    o = obs(0, 1.0, {"agg": 1}, waiting={"agg": 5})
+    assert load_target(BASE, o, "agg", 1)[0] == 2
