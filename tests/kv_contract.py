@@ -244,3 +244,11 @@ class IndexContract:
         assert await index.reserved(M, "a") == (4, 4)  # once, not twice
         await index.route(RouteCall(M, "r2", h, 4, cands, now_ms=3))
         assert await index.reserved(M, "a") == (8, 8)  # two requests add up
+
+    async def test_the_match_ends_where_no_remaining_worker_holds_the_block(self, index):
+        f = Feeder(index)
+        await f.store("a", tokens(8))  # blocks 0, 1
+        await f.store("c", tokens(16))
+        h = block_hashes(tokens(16), BS)
+        await f.send("c", BlockRemoved((h[1],)))  # c: 0, 2, 3
+        assert await index.match(M, h) == {"a": 2, "c": 1}

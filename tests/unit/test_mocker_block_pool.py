@@ -212,3 +212,84 @@ def test_allocating_k_blocks_from_a_full_cache_evicts_the_k_least_recent(k: int)
     assert pool.allocate(k) is not None
     assert pool.take_events() == [BlockRemoved(tuple(hashes[:k]))]
     assert pool.num_cached == 4 - k
+
+
+def test_a_cached_block_inside_a_commit_flushes_the_run_before_it() -> None:
+    pool = BlockPool(6, BS)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    h = block_hashes(tokens, BS)
+    cached = committed(pool, tokens[:4])  # h0, h1
+    pool.free(cached[:1])
+    pool.free(cached[1:])
+    mine = pool.allocate(5)  # the 4 unused blocks, then the LRU cached one: h0 is evicted
+    assert mine is not None
+    assert pool.take_events()[-1] == BlockRemoved((h[0],))
+    pool.commit(mine[:4], h, tokens, None, "sql")  # h1 is still cached in its own block
+    assert pool.take_events() == [
+        BlockStored((h[0],), None, (1, 2), BS, "sql"),  # the run before the cached h1
+        BlockStored((h[2], h[3]), h[1], (5, 6, 7, 8), BS, "sql"),  # the run after it
+    ]
+
+
+def test_snapshot_skips_every_block_below_an_evicted_one_and_keeps_lora() -> None:
+    pool = BlockPool(4, BS)
+    tokens = [1, 2, 3, 4, 5, 6]
+    h = block_hashes(tokens, BS)
+    blocks = pool.allocate(3)
+    assert blocks is not None
+    pool.commit(blocks, h, tokens, None, "sql")
+    pool.free(blocks[:1])
+    pool.free(blocks[1:])
+    assert pool.allocate(2) is not None  # the unused block, then the head h0
+    assert pool.snapshot_events() == [AllBlocksCleared()]  # h1 and h2 hang from nothing
+    other = BlockPool(4, BS)
+    mine = other.allocate(2)
+    assert mine is not None
+    other.commit(mine, h[:2], tokens[:4], None, "sql")
+    assert other.snapshot_events() == [
+        AllBlocksCleared(),
+        BlockStored((h[0],), None, (1, 2), BS, "sql"),
+        BlockStored((h[1],), h[0], (3, 4), BS, "sql"),
+    ]
+
+
+def test_a_fresh_pool_holds_no_references() -> None:
+    pool = BlockPool(4, BS)
+    assert [pool.ref_count(b) for b in range(4)] == [0, 0, 0, 0]
+
+
+def test_a_flushed_run_keeps_the_parent_it_continues() -> None:
+    pool = BlockPool(8, BS)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    h = block_hashes(tokens, BS)
+    committed(pool, tokens[:2])  # h0, held
+    other = pool.allocate(1)
+    assert other is not None
+    pool.commit(other, h[2:3], tokens[4:6], h[1])  # h2 cached in a block of its own
+    blocks = pool.allocate(3)
+    assert blocks is not None
+    pool.take_events()
+    pool.commit(blocks, h[1:4], tokens[2:8], h[0])  # h1 new, h2 cached already, h3 new
+    assert pool.take_events() == [
+        BlockStored((h[1],), h[0], (3, 4), BS),  # the run before h2 keeps its parent h0
+        BlockStored((h[3],), h[2], (7, 8), BS),
+    ]
+
+
+def test_a_broken_chain_does_not_hide_the_healthy_ones_after_it() -> None:
+    pool = BlockPool(12, BS)
+    broken, healthy = [1, 2, 3, 4, 5, 6], [9, 9, 8, 8]
+    hh = block_hashes(healthy, BS)
+    blocks = committed(pool, broken)  # hb0 <- hb1 <- hb2
+    pool.free(blocks[:1])
+    pool.free(blocks[1:])
+    taken = pool.allocate(10)  # the 9 unused blocks, then the LRU cached head hb0
+    assert taken is not None and pool.num_cached == 2  # hb1 and hb2 hang from nothing
+    pool.free(taken[:2])  # two never-committed blocks: reused first
+    committed(pool, healthy)
+    assert pool.num_cached == 4
+    assert pool.snapshot_events() == [
+        AllBlocksCleared(),
+        BlockStored((hh[0],), None, (9, 9), BS),
+        BlockStored((hh[1],), hh[0], (8, 8), BS),
+    ]

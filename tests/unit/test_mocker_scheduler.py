@@ -358,3 +358,101 @@ def test_a_prefill_chunk_does_not_hold_back_the_decodes_of_its_step() -> None:
     assert len(by_id["dec"].new_token_ids) == 1  # decoded in the step that chunked "long"
     assert "long" not in by_id or by_id["long"].new_token_ids == ()
     assert step.num_prefill_tokens == 7 and step.num_decode_seqs == 1
+
+
+def test_the_token_source_is_pinned() -> None:
+    """Workers on different hosts and versions must agree on it: a migrated request resumes on
+    another worker at its position and the client sees one stream."""
+    assert [default_token_source(7, i) for i in range(8)] == [
+        114,
+        113,
+        110,
+        105,
+        120,
+        102,
+        100,
+        113,
+    ]
+    assert [default_token_source(2**63 + 5, i) for i in range(3)] == [113, 98, 122]
+
+
+def test_add_request_refuses_with_reasons() -> None:
+    sched = make_scheduler()
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        sched.add_request(make_request("a", 4, max_tokens=0))
+    sched.add_request(make_request("a", 4))
+    with pytest.raises(ValueError, match="duplicate request id 'a'"):
+        sched.add_request(make_request("a", 4))
+
+
+def test_the_watermark_is_kept_free_only_while_something_runs() -> None:
+    # 8 blocks, watermark 25% = 2 blocks
+    sched = make_scheduler(num_gpu_blocks=8, watermark=0.25, max_num_batched_tokens=64)
+    sched.add_request(make_request("alone", prompt(32), max_tokens=1))  # all 8 blocks
+    first = sched.step()
+    assert [o.request_id for o in first.outputs] == ["alone"]  # nothing ran: no watermark
+    sched = make_scheduler(num_gpu_blocks=8, watermark=0.25, max_num_batched_tokens=64)
+    sched.add_request(make_request("a", prompt(8), max_tokens=8))  # 2 blocks, grows to 4
+    sched.step()
+    sched.add_request(make_request("b", prompt(16, 3000), max_tokens=1))  # 4 blocks: 8-2-4 < 2
+    step = sched.step()
+    assert "b" not in {o.request_id for o in step.outputs}
+    assert [s.request_id for s in sched.waiting] == ["b"]
+    sched.add_request(make_request("c", prompt(7, 6000), max_tokens=1))  # 2 blocks: 8-2-2 >= 2
+    assert sched.waiting[0].request_id == "b"
+
+
+def test_cached_totals_add_every_hit() -> None:
+    sched = make_scheduler()
+    for rid in ("a", "b", "c"):
+        add_and_run(sched, make_request(rid, prompt(10)))  # b and c hit a's two full blocks
+    assert sched.stats().cached_tokens_total == 16
+
+
+def test_two_budget_tokens_decode_two_sequences_in_one_step() -> None:
+    sched = make_scheduler(max_num_batched_tokens=2)
+    a, b = make_request("a", 2, max_tokens=6), make_request("b", prompt(2, 4000), max_tokens=6)
+    sched.add_request(a)
+    sched.add_request(b)
+    run = run_until_idle(sched)
+    assert max(s.num_decode_seqs for s in run.steps) == 2
+    assert all(s.num_prefill_tokens + s.num_decode_seqs <= 2 for s in run.steps)
+    assert run.tokens == {"a": expected_tokens(a), "b": expected_tokens(b)}
+
+
+def test_blocks_in_use_follow_the_tokens_exactly() -> None:
+    sched = make_scheduler()
+    sched.add_request(make_request("a", 4, max_tokens=9))  # 4 prompt tokens: 1 block
+    used = []
+    while sched.has_work:
+        sched.step()
+        used.append(sched.stats().num_free_blocks)
+    # tokens held after each step: 4 (+0 sampled into KV yet), 5, 6, ... blocks = ceil / 4
+    assert used[:6] == [64 - 1, 64 - 2, 64 - 2, 64 - 2, 64 - 2, 64 - 3]
+    assert used[-1] == 64
+
+
+def test_every_preemption_is_counted() -> None:
+    sched = make_scheduler(num_gpu_blocks=8, max_num_seqs=3)
+    reqs = [make_request(f"r{i}", prompt(8, 1000 * i), 12) for i in range(3)]
+    run = add_and_run(sched, *reqs)
+    preempted = sum(len(s.preempted) for s in run.steps)
+    assert preempted >= 2 and sched.stats().num_preempted_total == preempted
+    assert run.tokens == {r.request_id: expected_tokens(r) for r in reqs}
+    for s in (s for s in run.steps if s.preempted):  # the others decode on; no prefill now
+        served = {o.request_id for o in s.outputs}
+        assert served and not served & set(s.preempted)
+        assert s.num_prefill_tokens == 0 and s.num_decode_seqs == len(served)
+
+
+def test_recomputing_a_one_token_prompt_and_its_token_is_a_prefill() -> None:
+    sched = make_scheduler(num_gpu_blocks=3)
+    y, x = make_request("y", prompt(8), max_tokens=2), make_request("x", prompt(1, 900), 3)
+    sched.add_request(y)
+    sched.add_request(x)
+    run = run_until_idle(sched)
+    preempted_at = next(i for i, s in enumerate(run.steps) if s.preempted)
+    assert run.steps[preempted_at].preempted == ("x",)  # after its first token: 2 tokens held
+    again = next(s for s in run.steps[preempted_at + 1 :] if s.num_prefill_tokens)
+    assert (again.num_prefill_tokens, again.num_decode_seqs) == (2, 0)  # both recomputed
+    assert run.tokens == {"y": expected_tokens(y), "x": expected_tokens(x)}

@@ -502,3 +502,26 @@ def test_one_replica_with_five_waiting_is_over_the_queue_threshold():
 
     o = obs(0, 1.0, {"agg": 1}, waiting={"agg": 5})
     assert load_target(BASE, o, "agg", 1)[0] == 2
+
+
+def test_fully_cached_prompts_need_no_prefill():
+    from planner.rules import Prediction, replicas_needed
+
+    assert Prediction(rps=10.0, isl=100.0, osl=10.0, cached=100.0).demand("prefill") == 0.0
+    assert replicas_needed(0.5, 10_000.0) == 1  # any demand at all needs a replica
+    assert replicas_needed(0.0, 10_000.0) == 0
+    # 10k rps of fully cached prompts on two replicas, TTFT on target: not a loaded pool
+    assert _corrected(100_000, p90_ttft_s=0.5, mean_cached_tokens=1000.0).factors == ()
+
+
+def test_holding_steady_says_only_what_it_predicts():
+    history = run(replace(BASE, scale_up_cooldown_s=30.0), [10.0, 30.0, 30.0], {"agg": 1})
+    steady = history[2][0]  # 30 rps on the 3 replicas it scaled to: nothing to do
+    assert steady.desired == steady.current == 3
+    assert steady.reasons == ("predicted 30.0 rps (isl 1000, osl 100) needs 3 replicas (prefill)",)
+
+
+def test_predictor_parameters_reach_the_predictor():
+    cfg = replace(BASE, predictor="moving_average", predictor_params={"window": 1})
+    history = run(cfg, [10.0, 30.0], {"agg": 4})
+    assert history[-1][0].predicted_rps == pytest.approx(30.0)  # a window of one: the last
