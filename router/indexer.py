@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,9 +53,9 @@ from base.worker_watch import WorkerWatch
 from router.kv.keys import LEADER_TTL_MS, KvKeys
 from router.kv.redis_index import AppliedLater, ApplyItem, RedisPrefixIndex
 from router.kv.translate import EventTranslator, IndexOp, WireBlockStored, WireKvBatch
-from schemas import ControlRequest, Subjects, WireDecodeError, decode, encode
+from schemas import ControlRequest, ModelCard, Subjects, WireDecodeError, decode, encode
 from schemas.kv_events import BlockRemoved, IndexSnapshot
-from schemas.streams import KV_SNAPSHOT_STORE
+from schemas.streams import KV_SNAPSHOT_STORE, MODELS_BUCKET
 
 log = structlog.get_logger("jetfleet.indexer")
 
@@ -78,6 +79,7 @@ class IndexerConfig:
     metrics_port: int = 0  # the operations port: /metrics, /health (0: off)
     metrics_host: str = "127.0.0.1"
     snapshot_every_s: float = 60.0  # snapshot the index to the object store this often (0: off)
+    reconcile_every_s: float = 30.0  # drop indexed workers discovery does not know (0: off)
     indexer_id: str = field(default_factory=lambda: f"ix-{uuid.uuid4().hex[:8]}")
 
 
@@ -141,6 +143,9 @@ class Indexer:
         self.metrics = metrics
         self.worker_models: dict[str, str] = {}
         self.departed: set[str] = set()  # left discovery: their late events are ignored
+        # The workers discovery knows, or None until its first full read (``run_indexer`` wires
+        # the WorkerWatch in; without it there is nothing to reconcile against).
+        self.live_workers: Callable[[], set[str] | None] = lambda: None
         self._renew = redis.register_script(_RENEW)
         self.applied = 0
         self._snapshot_at = time.monotonic()
@@ -273,6 +278,7 @@ class Indexer:
         )
         self.log.info("indexer_consuming", from_seq=start)
         lag_task = asyncio.create_task(self._lag_loop())
+        reconciler = asyncio.create_task(self._reconcile_loop(await self._tail_seq()))
         stopper = asyncio.create_task(_first(*stops))
         flight: tuple[_Prepared, AppliedLater] | None = None
         getter: asyncio.Future[Any] | None = None
@@ -304,6 +310,7 @@ class Indexer:
                 getter.cancel()
             stopper.cancel()
             lag_task.cancel()
+            reconciler.cancel()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -390,6 +397,54 @@ class Indexer:
             await self.index.drop_worker(model, worker_id)
             self.log.info("indexer_dropped_worker", worker_id=worker_id, model=model)
 
+    async def reconcile(self, live: set[str]) -> list[str]:
+        """Drop every indexed worker discovery does not know: workers that left while no indexer
+        ran never had their departure seen, and a replay or a snapshot brings their blocks back.
+        Returns the dropped worker ids."""
+        dropped: list[str] = []
+        for model in sorted(await self._models()):
+            for worker_id in sorted(await self.index.workers(model) - live):
+                self.worker_models.setdefault(worker_id, model)
+                await self.worker_gone(worker_id)
+                dropped.append(worker_id)
+        if dropped:
+            self.log.info("indexer_reconciled", dropped=dropped)
+        return dropped
+
+    async def _models(self) -> set[str]:
+        """The models with indexed workers: those seen in the stream and those registered."""
+        models = set(self.worker_models.values())
+        with contextlib.suppress(Exception):  # no bucket or no keys yet
+            kv = await self.js.key_value(self.cfg.subjects.bucket_name(MODELS_BUCKET))
+            for key in await kv.keys():
+                entry = await kv.get(key)
+                if entry.value:
+                    models.add(decode(entry.value, ModelCard).name)
+        return models
+
+    async def _tail_seq(self) -> int:
+        with contextlib.suppress(Exception):
+            info = await self.js.stream_info(self.cfg.subjects.stream_name("KV"))
+            return int(info.state.last_seq)
+        return 0
+
+    async def _reconcile_loop(self, tail: int) -> None:
+        """Once caught up with the stream (``tail``: its end when consuming began) and discovery
+        has been read in full, reconcile; then every ``reconcile_every_s``."""
+        every = self.cfg.reconcile_every_s
+        if every <= 0:
+            return
+        while True:
+            live = self.live_workers()
+            if live is not None and self.applied >= tail:
+                try:
+                    await self.reconcile(live)
+                except Exception as exc:  # Redis away: the next round retries
+                    self.log.warning("indexer_reconcile_failed", error=repr(exc))
+                await asyncio.sleep(every)
+            else:
+                await asyncio.sleep(min(every, 0.2))
+
     async def _lag_loop(self) -> None:
         stream = self.cfg.subjects.stream_name("KV")
         while True:
@@ -429,6 +484,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
         task.add_done_callback(pending.discard)
 
     watch = WorkerWatch(nc, cfg.subjects, on_joined=indexer.worker_joined, on_gone=gone)
+    indexer.live_workers = lambda: set(watch.live) if watch.synced.is_set() else None
     await watch.start()
     stop = stop_event()
     try:

@@ -192,3 +192,24 @@ async def test_snapshot_bounds_the_replay(nc, subjects, rig):
     await wait_for(lambda: restored.indexer.applied >= last, timeout=20)
     assert await restored.indexer.index.dump() == await reference(first + second)
     await restored.halt()
+
+
+async def test_workers_that_left_while_no_indexer_ran_are_dropped_once_caught_up(nc, subjects, rig):
+    """A restart replays the events of workers that deregistered meanwhile: nothing announces
+    their departure any more, so once the replay has caught up with the stream and discovery was
+    read, every indexed worker discovery does not know is dropped (and only those)."""
+    batches = mocker_event_batches(workers=3, requests=30, seed=9)
+    workers = sorted({b.worker_id for b in batches})
+    last = await publish_all(nc, subjects, batches)
+    indexer = rig()
+    live: set[str] | None = None
+    indexer.live_workers = lambda: live  # discovery not read yet: nothing is dropped
+    run = Running(indexer)
+    await wait_for(lambda: indexer.applied >= last, timeout=20)
+    assert await indexer.index.workers("m") == set(workers)
+    live = set(workers[:1])  # discovery read: only the first worker is still registered
+    await wait_for(lambda: indexer.departed == set(workers[1:]), timeout=10)
+    assert await indexer.index.workers("m") == {workers[0]}
+    kept = await reference([b for b in batches if b.worker_id == workers[0]])
+    assert await indexer.index.dump() == kept
+    await run.halt()
