@@ -79,7 +79,8 @@ class IndexerConfig:
     metrics_port: int = 0  # the operations port: /metrics, /health (0: off)
     metrics_host: str = "127.0.0.1"
     snapshot_every_s: float = 60.0  # snapshot the index to the object store this often (0: off)
-    reconcile_every_s: float = 30.0  # drop indexed workers discovery does not know (0: off)
+    reconcile_every_s: float = 30.0
+    """Drop indexed workers discovery does not know this often, once caught up (0: off)."""
     indexer_id: str = field(default_factory=lambda: f"ix-{uuid.uuid4().hex[:8]}")
 
 

@@ -127,6 +127,7 @@ INDEXER = ConfigFlags(
     "metrics_port",
     "metrics_host",
     Flag("snapshot_every_s", "--snapshot-every"),
+    Flag("reconcile_every_s", "--reconcile-every"),
     title="indexer",
 )
 
