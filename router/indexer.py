@@ -254,13 +254,40 @@ class Indexer:
 
     async def _snapshot_now(self) -> None:
         try:
+            if not await self.redis.exists(self.keys.epoch):  # Redis lost the index: not this
+                self._snapshot_at = time.monotonic()
+                return
             await self.snapshot()
         except Exception as exc:  # the next interval retries; replay just gets longer
             self._snapshot_at = time.monotonic()
             self.log.warning("indexer_snapshot_failed", error=str(exc))
 
+    async def check_epoch(self) -> bool:
+        """Whether the index in Redis can be trusted; a partial one is wiped first.
+
+        A FLUSHALL, or a failover to an empty replica, empties Redis under a running fleet: the
+        next apply writes its stream position into the empty Redis, and an indexer that resumed
+        from that position would keep a partial index for good (and snapshot it). The epoch key
+        is written with the first position and vanishes with the rest: a position without an
+        epoch is such a partial index. It is wiped (routing reservations are left alone), so the
+        snapshot restore and the replay rebuild it. Returns False when it had to wipe."""
+        if await self.redis.exists(self.keys.epoch):
+            return True
+        intact = await self.index.applied_seq() == 0
+        if not intact:
+            wiped = 0
+            async for key in self.redis.scan_iter(match=f"{self.keys.base}:*", count=1000):
+                if not self.keys.is_reservation(key.decode()):
+                    wiped += await self.redis.delete(key)
+            self.translator = EventTranslator()
+            self.worker_models.clear()
+            self.log.warning("indexer_rebuilding_lost_index", wiped_keys=wiped)
+        await self.redis.set(self.keys.epoch, self.cfg.indexer_id)
+        return intact
+
     async def _consume(self, *stops: asyncio.Event) -> None:
         """Apply the stream from the stored position until one of ``stops`` is set."""
+        await self.check_epoch()
         await self.restore_snapshot()
         start = await self.index.applied_seq() + 1
         self.applied = start - 1

@@ -118,3 +118,14 @@ class KvKeys:
     @property
     def leader(self) -> str:
         return f"{self.ns}:leader"
+
+    @property
+    def epoch(self) -> str:
+        """Written by the indexer with its first position; gone after a FLUSHALL (see
+        ``router.indexer.Indexer.check_epoch``)."""
+        return f"{self.ns}:epoch"
+
+    def is_reservation(self, key: str) -> bool:
+        """Routing state (reservations and the loads they add up to), not the index."""
+        rest = key[len(self.base) + 1 :]
+        return rest.startswith(("r:", "rexp", "loadp:", "loadd:"))

@@ -213,3 +213,26 @@ async def test_workers_that_left_while_no_indexer_ran_are_dropped_once_caught_up
     kept = await reference([b for b in batches if b.worker_id == workers[0]])
     assert await indexer.index.dump() == kept
     await run.halt()
+
+
+async def test_a_flush_under_a_running_indexer_is_rebuilt_not_kept_partial(nc, subjects, rig):
+    """FLUSHALL while an indexer leads: its next applies write a stream position into the empty
+    Redis, so resuming from that position kept a partial index for good. The missing epoch key
+    gives it away: the partial index is wiped and rebuilt from the snapshot and the stream."""
+    first = mocker_event_batches(requests=30, seed=11)
+    later = mocker_event_batches(requests=10, seed=12, model="m2")
+    last = await publish_all(nc, subjects, first)
+    run = Running(rig())
+    await wait_for(lambda: run.indexer.applied >= last, timeout=20)
+    redis = run.indexer.redis
+    async for key in redis.scan_iter(match=f"jf:{subjects.prefix}:*"):  # FLUSHALL, our keys
+        await redis.delete(key)
+    last = await publish_all(nc, subjects, later)  # applied into the emptied Redis at once
+    expected = await reference([*first, *later])
+    await wait_for(lambda: _dump_is(run.indexer, expected), timeout=30)
+    assert await redis.exists(run.indexer.keys.epoch)
+    await run.halt()
+
+
+async def _dump_is(indexer: Indexer, expected: dict) -> bool:
+    return await indexer.index.dump() == expected
