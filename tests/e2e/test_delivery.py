@@ -13,6 +13,7 @@ import pytest
 
 from schemas import Request, SamplingParams, Subjects, TokenChunk, decode, encode
 from schemas.requests import routed_msg_id
+from tests.e2e.test_fleet_lifecycle import _has
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -23,6 +24,8 @@ M = "jetfleet-tiny"
 async def test_a_request_is_generated_once_however_often_it_is_delivered(fleet) -> None:
     subjects = Subjects(fleet.prefix)
     worker = next(f"{fleet.prefix}-{n}" for n in fleet.group.children if n.startswith("worker"))
+    # registered = consuming its subject (a worker subscribes before it registers)
+    await wait_for(lambda: _has(fleet, worker), timeout=20)
     subject = subjects.req_worker(M, worker)
     rid, other = (f"dup-{uuid.uuid4().hex[:8]}" for _ in range(2))
     nc = await nats.connect(fleet.nats_url)
