@@ -275,10 +275,14 @@ class Indexer:
             return True
         intact = await self.index.applied_seq() == 0
         if not intact:
+            doomed = [
+                key
+                async for key in self.redis.scan_iter(match=f"{self.keys.base}:*", count=1000)
+                if not self.keys.is_reservation(key.decode())
+            ]
             wiped = 0
-            async for key in self.redis.scan_iter(match=f"{self.keys.base}:*", count=1000):
-                if not self.keys.is_reservation(key.decode()):
-                    wiped += await self.redis.delete(key)
+            for i in range(0, len(doomed), 500):  # one round trip per 500 keys
+                wiped += await self.redis.delete(*doomed[i : i + 500])
             self.translator = EventTranslator()
             self.worker_models.clear()
             self.log.warning("indexer_rebuilding_lost_index", wiped_keys=wiped)

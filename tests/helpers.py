@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,3 +26,19 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last value {last!r})")
         await asyncio.sleep(interval)
+
+
+async def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """``jetfleet ARGS`` as a user runs it, off the event loop; ``env`` adds to the environment."""
+    from base.process import cli_command
+
+    return await asyncio.to_thread(
+        subprocess.run,
+        cli_command(*args),
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -26,8 +26,10 @@ def _keypair(prefix: int) -> tuple[Any, bytes]:
     return nkeys.from_seed(seed), seed
 
 
-def _jwt(signer: Any, claims: dict[str, Any]) -> str:
-    claims = {**claims, "iat": int(time.time()), "jti": ""}
+def _jwt(signer: Any, issuer: str, subject: str, name: str, nats: dict[str, Any]) -> str:
+    """A JWT signed by ``signer`` (the issuer's key): jti = base32 SHA-512/256 of the claims."""
+    claims: dict[str, Any] = {"iss": issuer, "sub": subject, "name": name, "nats": nats}
+    claims |= {"iat": int(time.time()), "jti": ""}
     digest = hashlib.new("sha512_256", json.dumps(claims, separators=(",", ":")).encode())
     claims["jti"] = base64.b32encode(digest.digest()).decode().rstrip("=")
     head = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
@@ -49,54 +51,13 @@ def operator_setup() -> OperatorSetup:
     opk, acck, sysk, userk = (k.public_key.decode() for k in (op, acc, sys_acc, user))
     unlimited = {"subs": -1, "data": -1, "payload": -1, "conn": -1}
     jetstream = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
-    operator = _jwt(
-        op,
-        {
-            "iss": opk,
-            "sub": opk,
-            "name": "jetfleet-test",
-            "nats": {"type": "operator", "version": 2, "system_account": sysk},
-        },
-    )
-    account = _jwt(
-        op,
-        {
-            "iss": opk,
-            "sub": acck,
-            "name": "fleet",
-            "nats": {
-                "type": "account",
-                "version": 2,
-                "limits": {**unlimited, **jetstream, "wildcards": True},
-            },
-        },
-    )
-    system = _jwt(
-        op,
-        {
-            "iss": opk,
-            "sub": sysk,
-            "name": "SYS",
-            "nats": {"type": "account", "version": 2, "limits": unlimited},
-        },
-    )
-    user_jwt = _jwt(
-        acc,
-        {
-            "iss": acck,
-            "sub": userk,
-            "name": "fleet-user",
-            "nats": {
-                "type": "user",
-                "version": 2,
-                "pub": {},
-                "sub": {},
-                "subs": -1,
-                "data": -1,
-                "payload": -1,
-            },
-        },
-    )
+    v2 = {"version": 2}
+    operator = _jwt(op, opk, opk, "test", {"type": "operator", **v2, "system_account": sysk})
+    limits = {**unlimited, **jetstream, "wildcards": True}
+    account = _jwt(op, opk, acck, "fleet", {"type": "account", **v2, "limits": limits})
+    system = _jwt(op, opk, sysk, "SYS", {"type": "account", **v2, "limits": unlimited})
+    rights = {"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1}
+    user_jwt = _jwt(acc, acck, userk, "fleet-user", {"type": "user", **v2, **rights})
     config = (
         f"operator: {operator}\nsystem_account: {sysk}\nresolver: MEMORY\n"
         f"resolver_preload: {{\n  {acck}: {account}\n  {sysk}: {system}\n}}\n"

@@ -56,6 +56,19 @@ class Scaling:
         return [s for s in self.statuses if s.state == "applied" and s.decision_id in ids]
 
 
+def connector_fleet(nats_server, tmp_path, *worker_args: str) -> Fleet:
+    """A fleet whose one initial worker the local connector starts (and scales)."""
+    fleet = Fleet(nats_server.url, tmp_path / "logs")
+    fleet.group.start(
+        "connector",
+        cli_command(
+            "connector", "local", *fleet.common(), "--initial", "agg=1",
+            "--log-dir", str(tmp_path / "workers"), *worker_args,
+        ),
+    )  # fmt: skip
+    return fleet
+
+
 async def one(client: httpx.AsyncClient, fleet: Fleet, i: int) -> dict:
     r = await client.post(
         f"{fleet.base_url}/v1/completions",
@@ -83,15 +96,7 @@ async def paced(client: httpx.AsyncClient, fleet: Fleet, rps: float, seconds: fl
 async def test_planner_scales_real_workers_up_and_down_without_losing_requests(
     nats_server, tmp_path
 ) -> None:
-    fleet = Fleet(nats_server.url, tmp_path / "logs")
-    worker = ("--speedup", "10")
-    fleet.group.start(
-        "connector",
-        cli_command(
-            "connector", "local", *fleet.common(), "--initial", "agg=1",
-            "--log-dir", str(tmp_path / "workers"), *worker,
-        ),
-    )  # fmt: skip
+    fleet = connector_fleet(nats_server, tmp_path, "--speedup", "10")
     try:
         fleet.start_frontend("--router", "least-loaded")
         # one replica decodes 150 tokens/s by this profile: 12 rps x 24 tokens needs 2
@@ -128,15 +133,7 @@ async def test_load_mode_reacts_to_measured_queueing(nats_server, tmp_path) -> N
     """``--mode load``: no capacity profile, only what the workers report. Sustained load
     queues on the one worker (2 slots), the planner adds a replica; once idle, it takes it
     away."""
-    fleet = Fleet(nats_server.url, tmp_path / "logs")
-    worker = ("--speedup", "1", "--max-num-seqs", "2")
-    fleet.group.start(
-        "connector",
-        cli_command(
-            "connector", "local", *fleet.common(), "--initial", "agg=1",
-            "--log-dir", str(tmp_path / "workers"), *worker,
-        ),
-    )  # fmt: skip
+    fleet = connector_fleet(nats_server, tmp_path, "--speedup", "1", "--max-num-seqs", "2")
     try:
         fleet.start_frontend("--router", "least-loaded")
         fleet.group.start(

@@ -20,7 +20,7 @@ from base.process import cli_command
 from schemas import Subjects
 from schemas.streams import fleet_topology
 from tests.e2e.fleet import Fleet
-from tests.helpers import wait_for
+from tests.helpers import run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -60,9 +60,8 @@ def test_servers_runs_nats_and_redis_until_ctrl_c(tmp_path: Path) -> None:
 
 async def test_infra_init_creates_every_stream_and_bucket_twice_over(nats_url: str) -> None:
     prefix = "init" + str(int(time.time() * 1000) % 10**8)
-    argv = cli_command("infra", "init", "--nats", nats_url, "--subject-prefix", prefix)
     for _ in range(2):  # idempotent: the second run changes nothing and succeeds
-        done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+        done = await run_cli("infra", "init", "--nats", nats_url, "--subject-prefix", prefix)
         assert done.returncode == 0, done.stderr
     topology = fleet_topology(Subjects(prefix))
     nc = await nats.connect(nats_url)
@@ -87,12 +86,11 @@ async def test_replay_traffic_sends_recorded_requests_again(fleet: Fleet) -> Non
                 json={"model": M, "prompt": f"record me {i}", "max_tokens": 3},
             )
             assert r.status_code == 200, r.text
-    argv = cli_command(
+    before = _finished(fleet)
+    done = await run_cli(
         "replay", "traffic", "--nats", fleet.nats_url, "--subject-prefix", fleet.prefix,
         "--from", str(since), "--speed", "10", "--router", "round-robin",
     )  # fmt: skip
-    before = _finished(fleet)
-    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["recorded_requests"] == 4 and report["replayed"] == 4

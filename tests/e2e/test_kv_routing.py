@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
 import time
 
 import httpx
 import pytest
 
 from base.connect import connect_redis
-from base.process import cli_command
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt
 from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import Observations
-from tests.helpers import wait_for
+from tests.helpers import run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -115,17 +112,10 @@ async def test_replay_kv_explains_why_a_request_went_where_it_went(kv_fleet):
                     lambda: _indexed(kv_fleet, obs.items[0].worker_id, prompt), timeout=10
                 )
     # As an operator asks it: the CLI, JSON out.
-    argv = cli_command(
+    done = await run_cli(
         "replay", "kv", "--nats", kv_fleet.nats_url, "--subject-prefix", kv_fleet.prefix,
         "--request", ids[1], "--from", str(t0), "--json",
     )  # fmt: skip
-    done = await asyncio.to_thread(
-        subprocess.run,
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)["request"]
     second = obs.items[1]
@@ -134,17 +124,10 @@ async def test_replay_kv_explains_why_a_request_went_where_it_went(kv_fleet):
     assert report["replayed_overlap"].get(second.worker_id) == 32
     assert report["recorded"][second.worker_id]["overlap"] == 32  # what the router saw then
     for prefix, said in ((kv_fleet.prefix, "no-such-id"), ("nofleet", "no fleet under")):
-        argv = cli_command(
+        missing = await run_cli(
             "replay", "kv", "--nats", kv_fleet.nats_url, "--subject-prefix", prefix,
             "--request", "no-such-id",
         )  # fmt: skip
-        missing = await asyncio.to_thread(
-            subprocess.run,
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
         assert missing.returncode == 1 and said in missing.stderr, missing.stderr
         assert "Traceback" not in missing.stderr
 

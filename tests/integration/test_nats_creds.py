@@ -5,8 +5,6 @@ with the user's creds and serve a request, and a client without them refused."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -16,6 +14,7 @@ import pytest
 from base.process import ProcessGroup, cli_command, wait_http_ok
 from infra.embedded import EmbeddedNats
 from tests.e2e.fleet import free_port
+from tests.helpers import run_cli
 from tests.nats_jwt import operator_setup, write_creds
 
 pytestmark = pytest.mark.integration
@@ -30,14 +29,7 @@ async def test_a_fleet_serves_with_creds_files_and_refuses_without(tmp_path: Pat
     group = ProcessGroup(tmp_path / "logs")
     port = free_port()
     try:
-        init = await asyncio.to_thread(
-            subprocess.run,
-            cli_command("infra", "init", "--nats", server.url),
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        init = await run_cli("infra", "init", "--nats", server.url, env=env)
         assert init.returncode == 0, init.stderr
         group.start("worker", cli_command("worker", "--nats", server.url), env=env)
         frontend = cli_command(

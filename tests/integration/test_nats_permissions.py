@@ -5,7 +5,6 @@ it was not given (a worker publishing scaling decisions, a frontend deleting a s
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -20,7 +19,7 @@ from infra.embedded import EmbeddedNats
 from infra.tools import infra_init
 from schemas import Subjects
 from tests.e2e.fleet import free_port
-from tests.helpers import wait_for
+from tests.helpers import run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -96,17 +95,10 @@ async def test_roles_serve_within_their_permissions(secured_nats, redis_url, tmp
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 5
         # A NATS-only client through the router service, each with its own user.
-        argv = cli_command(
+        published = await run_cli(
             "publish", "Hello over NATS", "--nats", url_for(secured_nats, "client"),
             "--max-tokens", "4",
         )  # fmt: skip
-        published = await asyncio.to_thread(
-            subprocess.run,
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
         assert published.returncode == 0, published.stdout + published.stderr
         assert "finish_reason=length" in published.stdout
         await decisions.next_msg(timeout=10)  # the planner decides with its own permissions

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import ssl
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import trustme
 from base.process import ProcessGroup, cli_command, wait_http_ok
 from infra.embedded import EmbeddedNats
 from tests.e2e.fleet import free_port
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -119,14 +119,7 @@ async def test_a_fleet_serves_over_mutual_tls_nkeys_and_rediss(
     async with tls_proxy(pki, (redis_server.host, redis_server.port)) as redis_port:
         redis_url = f"rediss://localhost:{redis_port}/0?ssl_ca_certs={pki['ca']}"
         try:
-            init = await asyncio.to_thread(
-                subprocess.run,
-                cli_command("infra", "init", "--nats", nats_url),
-                env={**os.environ, **env},
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            init = await run_cli("infra", "init", "--nats", nats_url, env=env)
             assert init.returncode == 0, init.stderr
             group.start("worker", cli_command("worker", "--nats", nats_url), env=env)
             group.start(

@@ -152,6 +152,18 @@ async def publisher(
     await pub.close()
 
 
+def engine_config(pub: VllmLikePublisher, replay: bool = True, **kw: Any) -> VllmEngineConfig:
+    """A vLLM engine whose KV events come from ``pub`` (block size 2, as the batches here)."""
+    return VllmEngineConfig(
+        model="m",
+        block_size=2,
+        kv_events_endpoint=pub.endpoint,
+        kv_replay_endpoint=pub.replay_endpoint if replay else "",
+        kv_events_topic=TOPIC,
+        **kw,
+    )
+
+
 async def subscribe(
     ctx: zmq.asyncio.Context,
     pub: VllmLikePublisher,
@@ -288,14 +300,7 @@ async def test_engine_forwards_events_resyncs_and_resets_after_a_loss(
 ) -> None:
     backend = FakeBackend()
     backend.llm.reset_results = [False, True]  # blocks in use once, then the reset succeeds
-    cfg = VllmEngineConfig(
-        model="m",
-        block_size=2,
-        kv_events_endpoint=publisher.endpoint,
-        kv_replay_endpoint=publisher.replay_endpoint,
-        kv_events_topic=TOPIC,
-        kv_reset_retry_s=0.01,
-    )
+    cfg = engine_config(publisher, kv_reset_retry_s=0.01)
     calls: list[list[KvCacheEvent]] = []
     engine = VllmEngine(cfg, backend)
     await engine.start(lambda events: calls.append(list(events)))
@@ -331,13 +336,7 @@ async def test_a_resync_goes_out_as_one_batch_per_chunk(
 ) -> None:
     """The worker runtime coalesces listener calls made in one loop iteration into one batch
     (``call_soon``); the resync yields between chunks so each chunk is its own batch."""
-    cfg = VllmEngineConfig(
-        model="m",
-        block_size=2,
-        kv_events_endpoint=publisher.endpoint,
-        kv_events_topic=TOPIC,
-        kv_resync_chunk_tokens=4,
-    )
+    cfg = engine_config(publisher, replay=False, kv_resync_chunk_tokens=4)
     engine = VllmEngine(cfg, FakeBackend())
     batches: list[list[KvCacheEvent]] = []
     pending: list[KvCacheEvent] = []
@@ -373,14 +372,7 @@ async def test_before_0_12_a_reset_after_a_loss_counts_only_once_vllm_publishes_
     keeps asking until vLLM's own ``AllBlocksCleared`` comes through the event stream."""
     backend = FakeBackend(version="0.11.2")
     backend.llm.reset_results = [None] * 1000
-    cfg = VllmEngineConfig(
-        model="m",
-        block_size=2,
-        kv_events_endpoint=publisher.endpoint,
-        kv_replay_endpoint=publisher.replay_endpoint,
-        kv_events_topic=TOPIC,
-        kv_reset_retry_s=0.01,
-    )
+    cfg = engine_config(publisher, kv_reset_retry_s=0.01)
     engine = VllmEngine(cfg, backend)
     await engine.start(lambda events: None)
     await publisher.subscribed()

@@ -138,17 +138,15 @@ async def test_each_name_builds_its_policy_and_decisions_say_which(name: str, cl
 
 def test_the_seed_reaches_the_random_policies() -> None:
     st = state_with(*(reg(w) for w in "abcdefgh"))
+
+    def picks(name: str, seed: int) -> tuple[str, ...]:
+        policy = make_policy(name, seed=seed)
+        assert policy is not None
+        return tuple(policy.choose(Q, st.candidates("m")).worker_id for _ in range(12))
+
     for name in ("random", "least-loaded"):
-        runs = [
-            [make_policy(name, seed=s).choose(Q, st.candidates("m")).worker_id for _ in range(1)]
-            for s in (11, 11)
-        ]
-        assert runs[0] == runs[1]
-        seqs = {
-            tuple(p.choose(Q, st.candidates("m")).worker_id for _ in range(12))
-            for p in (make_policy(name, seed=s) for s in range(6))
-        }
-        assert len(seqs) > 1  # different seeds, different choices: the seed is used
+        assert picks(name, 11) == picks(name, 11)  # the same seed, the same choices
+        assert len({picks(name, s) for s in range(6)}) > 1  # different seeds: the seed is used
 
 
 def test_kv_names_are_refused_here_with_where_to_go() -> None:

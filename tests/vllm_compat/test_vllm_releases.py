@@ -17,7 +17,7 @@ import asyncio
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,9 +27,10 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
+from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from schemas.requests import SamplingParams
 from tests.helpers import wait_for
+from tests.integration.test_vllm_kv_subscriber import Recorder
 from tests.unit.test_vllm_wire_mirror import (
     MIRROR_RELEASES,
     MIRRORS,
@@ -147,18 +148,6 @@ def test_lora_events_carry_what_the_decoder_reads(vllm: SimpleNamespace) -> None
 
 
 # ---------------------------------------------------------------- the publisher and replay
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[KvCacheEvent] = []
-        self.lost: list[str] = []
-
-    def on_events(self, events: Sequence[KvCacheEvent]) -> None:
-        self.events.extend(events)
-
-    def on_lost(self, reason: str) -> None:
-        self.lost.append(reason)
-
-
 @pytest.fixture
 def publisher(vllm: SimpleNamespace) -> Iterator[tuple[Any, KvEventsEndpoints]]:
     directory = Path(tempfile.mkdtemp(prefix="jf-vllm-"))  # ipc paths must stay short

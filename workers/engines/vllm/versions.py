@@ -2,8 +2,11 @@
 
 Every fact below was read off vLLM's published wheels (the release's own source files); the
 compatibility tests (``tests/vllm_compat/``) load those files for the oldest supported release,
-the last one before 0.26 and the latest, and drive them against this adapter. The code asks
-``features(version)`` instead of guessing from what a call returns.
+the last one before 0.26 and the latest, and drive them against this adapter. The engine asks
+``features(version)`` whether a reset reports its outcome and whether sleep resets the cache,
+instead of guessing from what a call returns. The two wire facts (events as maps, replay replies
+with a topic) are not consulted at run time: the decoder reads both forms of each, and the tests
+check the table against each release.
 
 ==========  ===========================================================================
 release     change
