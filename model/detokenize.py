@@ -25,18 +25,28 @@ PROMPT_CONTEXT_TOKENS = 6  # prompt ids that seed the stream (vLLM uses 5 for th
 class IncrementalDetokenizer:
     """Text of one sequence's generated tokens, piece by piece."""
 
-    __slots__ = ("_stream", "_tokenizer")
+    __slots__ = ("_hide", "_stream", "_tokenizer")
 
     def __init__(
-        self, tokenizer: ModelTokenizer | Tokenizer, prompt_ids: Sequence[int] = ()
+        self,
+        tokenizer: ModelTokenizer | Tokenizer,
+        prompt_ids: Sequence[int] = (),
+        skip_special_tokens: bool = True,
+        hide: frozenset[int] = frozenset(),
     ) -> None:
+        """``skip_special_tokens=False`` keeps special tokens in the text (a tool-call marker
+        such as ``[TOOL_CALLS]`` is one), except the ids in ``hide`` (the end-of-sequence
+        tokens, which end the text rather than belong to it)."""
         hf = tokenizer.tokenizer if isinstance(tokenizer, ModelTokenizer) else tokenizer
         self._tokenizer: Tokenizer = hf
+        self._hide = hide
         context = list(prompt_ids[-PROMPT_CONTEXT_TOKENS:]) if prompt_ids else None
-        self._stream = DecodeStream(ids=context, skip_special_tokens=True)
+        self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
 
     def step(self, token_id: int) -> str:
         """The text ``token_id`` completes; "" while a character is incomplete."""
+        if token_id in self._hide:
+            return ""
         return self._stream.step(self._tokenizer, token_id) or ""
 
     def feed(self, token_ids: Iterable[int]) -> str:

@@ -106,11 +106,7 @@ class ModelTokenizer:
     @property
     def special_tokens(self) -> dict[str, int]:
         """The added tokens marked special (``<|im_start|>`` ...), text -> id."""
-        return {
-            t.content: tid
-            for tid, t in self.tokenizer.get_added_tokens_decoder().items()
-            if t.special
-        }
+        return self._special  # read-only: computed once
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))

@@ -21,10 +21,11 @@ from schemas.requests import (
     RouteCandidate,
     RouteDecision,
     SamplingParams,
+    StructuredOutput,
 )
 from schemas.scaling import ScalingDecided, ScalingDecision, ScalingStatus
 from schemas.subjects import DEFAULT_PREFIX, Subjects, model_token
-from schemas.tokens import TokenChunk, Usage
+from schemas.tokens import TokenChunk, TokenLogprob, Usage
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -46,8 +47,10 @@ __all__ = [
     "ScalingDecided",
     "ScalingDecision",
     "ScalingStatus",
+    "StructuredOutput",
     "Subjects",
     "TokenChunk",
+    "TokenLogprob",
     "Usage",
     "WireDecodeError",
     "WorkerIndexSnapshot",

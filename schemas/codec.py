@@ -17,8 +17,20 @@ _encoder = msgspec.msgpack.Encoder()
 _json_encoder = msgspec.json.Encoder()
 _decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
 
-# Highest schema version each decoder understands; a newer message is refused, not misread.
-MAX_VERSION = 1
+# Highest schema version each decoder understands: the version this code writes (the default of
+# the struct's ``v``); a newer message is refused, not misread.
+MAX_VERSION = 1  # of structs without a ``v`` default
+_max_versions: dict[type[Any], int] = {}
+
+
+def max_version(typ: type[Any]) -> int:
+    found = _max_versions.get(typ)
+    if found is None:
+        is_struct = isinstance(typ, type) and issubclass(typ, msgspec.Struct)
+        fields = {f.name: f.default for f in msgspec.structs.fields(typ)} if is_struct else {}
+        default = fields.get("v", MAX_VERSION)
+        found = _max_versions[typ] = default if isinstance(default, int) else MAX_VERSION
+    return found
 
 
 class WireDecodeError(ValueError):
@@ -38,8 +50,8 @@ def decode(data: bytes, typ: type[T]) -> T:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireDecodeError(f"{typ.__name__}: {exc}") from exc
     version = getattr(msg, "v", 1)
-    if version > MAX_VERSION:
-        raise WireDecodeError(f"{typ.__name__}: schema version {version} > {MAX_VERSION}")
+    if version > max_version(typ):
+        raise WireDecodeError(f"{typ.__name__}: schema version {version} > {max_version(typ)}")
     return cast(T, msg)
 
 

@@ -52,4 +52,6 @@ class ModelCard(msgspec.Struct, frozen=True, omit_defaults=True):
     eos_token: str | None = None
     eos_token_ids: tuple[int, ...] = ()
     created_at_s: float = 0.0
+    tool_call_parser: str | None = None  # how the model writes tool calls (hermes, ...)
+    reasoning_parser: str | None = None  # how it writes reasoning (deepseek_r1, qwen3)
     v: int = 1

@@ -16,7 +16,31 @@ from __future__ import annotations
 
 import msgspec
 
-REQUEST_VERSION = 1
+REQUEST_VERSION = 2  # 2: logprobs, prompt_logprobs, structured (a worker refuses a newer version)
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A constraint on what the engine may generate (exactly one field set).
+
+    vLLM reads it as its structured-output (guided decoding) parameters; the mocker emits a
+    deterministic text that satisfies it (an instance of the schema, one of the choices) and
+    refuses the kinds it cannot honour (``regex``, ``grammar``).
+    """
+
+    json_schema: str | None = None  # a JSON Schema, as JSON text
+    json_object: bool = False  # any JSON object
+    regex: str | None = None
+    choice: tuple[str, ...] = ()
+    grammar: str | None = None  # EBNF / GBNF, as vLLM accepts it
+
+    def kind(self) -> str:
+        """Which constraint is set: ``json_schema`` | ``json_object`` | ``regex`` | ... | ``""``."""
+        for name in ("json_schema", "regex", "grammar"):
+            if getattr(self, name) is not None:
+                return name
+        if self.choice:
+            return "choice"
+        return "json_object" if self.json_object else ""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -35,6 +59,9 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logprobs: int | None = None  # per generated token: its logprob and this many top ones (0..20)
+    prompt_logprobs: int | None = None  # the same for every prompt token (completions echo)
+    structured: StructuredOutput | None = None
 
 
 class RouteCandidate(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -68,6 +95,7 @@ class Request(msgspec.Struct, frozen=True, omit_defaults=True):
     created_at_s: float = 0.0  # wall clock (time.time()) when the frontend accepted it
     lora_name: str | None = None
     detokenize: bool = True  # worker fills TokenChunk.text
+    skip_special_tokens: bool = True  # False: special tokens stay in the text (tool-call markers)
     route: RouteDecision | None = None
     kv_transfer_params: dict[str, object] | None = None  # disaggregation (prefill -> decode)
 

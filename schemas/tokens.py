@@ -22,6 +22,15 @@ class Usage(msgspec.Struct, frozen=True, omit_defaults=True):
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """One position's logprobs: the chosen token's, and the ``top`` alternatives (most likely
+    first; ids and logprobs side by side). Token texts are the frontend's business."""
+
+    logprob: float
+    top_ids: tuple[int, ...] = ()
+    top_logprobs: tuple[float, ...] = ()
+
+
 class TokenChunk(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     """A run of tokens generated for one request (hot path: kept small and flat)."""
 
@@ -38,4 +47,9 @@ class TokenChunk(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     # connector fields), to be sent with the decode ``Request``. Optional and omitted when unset:
     # readers that predate it ignore it, so the schema version stays 1.
     kv_transfer_params: dict[str, object] | None = None
+    # Asked for with ``SamplingParams.logprobs``: one per token of ``token_ids``. And, on the first
+    # chunk of an attempt, one per prompt token when ``prompt_logprobs`` was asked (the first is
+    # None: nothing precedes it). Optional: readers that never ask never see them (version 1).
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     v: int = TOKEN_CHUNK_VERSION

@@ -16,6 +16,7 @@ from schemas.requests import Request, SamplingParams
 
 MAX_ID_LEN = 256
 MAX_TOKEN_ID = 2**31 - 1
+MAX_LOGPROBS = 20  # as OpenAI's top_logprobs
 _SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_\-:]+")  # no '.', '*', '>', spaces or control chars
 
 
@@ -37,6 +38,15 @@ def sampling_problem(s: SamplingParams) -> str | None:
         return f"repetition_penalty must be > 0, got {s.repetition_penalty}"
     if any(t < 0 or t > MAX_TOKEN_ID for t in s.stop_token_ids):
         return "stop_token_ids out of range"
+    for name in ("logprobs", "prompt_logprobs"):
+        k = getattr(s, name)
+        if k is not None and not 0 <= k <= MAX_LOGPROBS:
+            return f"{name} must be in [0, {MAX_LOGPROBS}], got {k}"
+    if s.structured is not None:
+        st = s.structured
+        set_ = [st.json_schema is not None, st.json_object, st.regex is not None, bool(st.choice)]
+        if sum(set_) + (st.grammar is not None) != 1:
+            return "structured must set exactly one constraint"
     return None
 
 

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from schemas.kv_events import KvCacheEvent
 from schemas.requests import SamplingParams
+from schemas.tokens import TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,10 @@ class EngineOutput:
     # On a final output: what a remote decode needs to pull this prefill's KV (engine-specific,
     # opaque to the fleet; vLLM's KV connectors fill it).
     kv_transfer_params: dict[str, object] | None = None
+    # When the request asked: one per new token, and (once, on the first output) one per prompt
+    # token with None for the first.
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ class EngineChoice:
 
 def build_engine(choice: EngineChoice, tokenizer: ModelTokenizer) -> Engine:
     if choice.kind == "mocker":
-        return MockerEngine(choice.mocker, tokenizer.text_safe_token_ids())
+        return MockerEngine(choice.mocker, tokenizer.text_safe_token_ids(), tokenizer.encode)
     if choice.kind == "vllm":
         from workers.engines.vllm.engine import VllmEngine  # vLLM itself: optional extra, GPU
 

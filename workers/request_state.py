@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 
-from schemas import Request, TokenChunk, Usage
+from schemas import Request, TokenChunk, TokenLogprob, Usage
 from workers.engine import EngineOutput
 
 
@@ -19,8 +19,10 @@ class ActiveRequest:
     __slots__ = (
         "_detok",
         "_on_ready",
+        "_pending_logprobs",
         "_pending_text",
         "_pending_tokens",
+        "_prompt_logprobs",
         "cached_tokens",
         "error",
         "final_sent",
@@ -52,6 +54,10 @@ class ActiveRequest:
         self._on_ready = on_ready  # (self, urgent) -> runtime schedules a flush
         self._pending_tokens: list[int] = []
         self._pending_text: list[str] = []
+        self._pending_logprobs: list[TokenLogprob] | None = (
+            [] if request.sampling.logprobs is not None else None
+        )
+        self._prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
         self.next_index = 0
         self.num_generated = 0
         self.prompt_tokens = len(request.token_ids)
@@ -76,6 +82,10 @@ class ActiveRequest:
             if self._detok is not None:
                 step = self._detok
                 self._pending_text.extend(step(t) for t in output.new_token_ids)
+            if self._pending_logprobs is not None and output.logprobs is not None:
+                self._pending_logprobs.extend(output.logprobs)
+        if output.prompt_logprobs is not None:
+            self._prompt_logprobs = output.prompt_logprobs
         first = self.num_generated == 0 and bool(output.new_token_ids)
         self.num_generated += len(output.new_token_ids)
         if output.finished:
@@ -94,6 +104,11 @@ class ActiveRequest:
         text = "".join(self._pending_text)
         self._pending_tokens.clear()
         self._pending_text.clear()
+        logprobs = None
+        if self._pending_logprobs is not None:
+            logprobs = tuple(self._pending_logprobs)
+            self._pending_logprobs.clear()
+        prompt_logprobs, self._prompt_logprobs = self._prompt_logprobs, None
         final = self.finished and not self.final_sent
         chunk = TokenChunk(
             request_id=self.request.request_id,
@@ -108,6 +123,8 @@ class ActiveRequest:
             error=self.error if final else None,
             worker_id=self.worker_id,
             kv_transfer_params=self.kv_transfer_params if final else None,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
         self.next_index += 1
         if final:

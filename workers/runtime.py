@@ -77,6 +77,9 @@ class WorkerRuntime:
         self.js = nc.jetstream()
         self.registry = registry
         self.tokenizer = tokenizer
+        eos = tokenizer.eos_token
+        special = tokenizer.special_tokens
+        self._eos_ids = frozenset([special[eos]] if eos in special else [])
         self.metrics = metrics
         self.subjects = cfg.subjects
         self.log = log.bind(worker_id=cfg.worker_id, model=cfg.model_name)
@@ -204,7 +207,13 @@ class WorkerRuntime:
                 await self.nc.publish(self.subjects.tok(req.request_id), encode(chunk))
 
     def _admit(self, req: Request, msg: Msg) -> None:
-        detok = IncrementalDetokenizer(self.tokenizer).step if req.detokenize else None
+        detok = None
+        if req.detokenize:
+            detok = IncrementalDetokenizer(
+                self.tokenizer,
+                skip_special_tokens=req.skip_special_tokens,
+                hide=frozenset() if req.skip_special_tokens else self._eos_ids,
+            ).step
         ar = ActiveRequest(req, msg, self.cfg.worker_id, detok, self._on_ready, time.monotonic())
         self.active[req.request_id] = ar
         self._idle.clear()

@@ -27,7 +27,9 @@ from schemas import (
     SamplingParams,
     ScalingDecided,
     ScalingStatus,
+    StructuredOutput,
     TokenChunk,
+    TokenLogprob,
     Usage,
     WireDecodeError,
     WorkerIndexSnapshot,
@@ -99,6 +101,20 @@ SAMPLES: list[msgspec.Struct] = [
     FINAL_CHUNK,
     TokenChunk("r1", 1, 5, error="boom", finish_reason="error"),
     Usage(prompt_tokens=3, completion_tokens=0),
+    StructuredOutput(json_schema='{"type": "object"}'),
+    StructuredOutput(choice=("yes", "no")),
+    SamplingParams(
+        max_tokens=4, logprobs=2, prompt_logprobs=0, structured=StructuredOutput(regex="a+")
+    ),
+    TokenLogprob(-0.5, (7, 9), (-0.5, -1.5)),
+    TokenChunk(
+        "r1",
+        0,
+        1,
+        (7,),
+        logprobs=(TokenLogprob(-0.5, (7,), (-0.5,)),),
+        prompt_logprobs=(None, TokenLogprob(-2.0)),
+    ),
 ]
 
 
@@ -182,8 +198,9 @@ def test_wrong_types_raise_wire_decode_error(payload: Any, typ: type) -> None:
     ids=lambda m: type(m).__name__,
 )
 def test_newer_schema_version_is_refused(msg: msgspec.Struct) -> None:
-    newer = msgspec.structs.replace(msg, v=2)  # type: ignore[call-arg]
-    with pytest.raises(WireDecodeError, match="version 2"):
+    version = msg.v + 1  # type: ignore[attr-defined]
+    newer = msgspec.structs.replace(msg, v=version)  # type: ignore[call-arg]
+    with pytest.raises(WireDecodeError, match=f"version {version}"):
         decode(encode(newer), type(msg))
 
 

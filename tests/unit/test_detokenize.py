@@ -98,3 +98,15 @@ def test_prompt_context_keeps_leading_space() -> None:
     prompt, generated = hf.token_to_id("▁Hello"), hf.token_to_id("▁world")
     assert IncrementalDetokenizer(hf).step(generated) == "world"  # alone: leading space stripped
     assert IncrementalDetokenizer(hf, prompt_ids=[prompt]).step(generated) == " world"
+
+
+def test_special_tokens_can_be_kept_except_the_end_of_sequence(tok: ModelTokenizer) -> None:
+    """A tool parser whose marker is a special token asks for them (``skip_special_tokens``
+    off); the end-of-sequence token still ends the text rather than appear in it."""
+    special = tok.special_tokens
+    ids = [special["<|im_start|>"], *tok.encode("call"), special["<|im_end|>"]]
+    kept = IncrementalDetokenizer(
+        tok, skip_special_tokens=False, hide=frozenset([special["<|im_end|>"]])
+    )
+    assert kept.feed(ids) == "<|im_start|>call"
+    assert IncrementalDetokenizer(tok).feed(ids) == "call"

@@ -78,3 +78,22 @@ def test_kv_transfer_params_ride_the_final_chunk_over_the_wire():
     final = decode(encode(ar.take_chunk()), TokenChunk)
     assert first.kv_transfer_params is None
     assert final.kv_transfer_params == params and final.v == 1
+
+
+def test_logprobs_are_coalesced_with_their_tokens_and_the_prompts_go_out_once():
+    from schemas import TokenLogprob
+
+    req = Request("r1", "m", (1, 2), SamplingParams(max_tokens=3, logprobs=1, prompt_logprobs=0))
+    ar = ActiveRequest(req, None, "w1", None, lambda _ar, urgent: None, 0.0)
+    a, b, c = TokenLogprob(-0.1, (10,), (-0.1,)), TokenLogprob(-0.2), TokenLogprob(-0.3)
+    prompt = (None, TokenLogprob(-1.0))
+    ar.on_output(EngineOutput("r1", (10,), logprobs=(a,), prompt_logprobs=prompt))
+    first = ar.take_chunk()
+    ar.on_output(EngineOutput("r1", (11,), logprobs=(b,)))
+    ar.on_output(EngineOutput("r1", (12,), finished=True, finish_reason="length", logprobs=(c,)))
+    second = ar.take_chunk()
+    assert (first.token_ids, first.logprobs, first.prompt_logprobs) == ((10,), (a,), prompt)
+    assert (second.token_ids, second.logprobs, second.prompt_logprobs) == ((11, 12), (b, c), None)
+    plain, _ = make()
+    plain.on_output(EngineOutput("r1", (10,), logprobs=(a,)))  # not asked: not sent
+    assert plain.take_chunk().logprobs is None

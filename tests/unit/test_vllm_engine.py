@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from schemas.kv_events import AllBlocksCleared
-from schemas.requests import SamplingParams
+from schemas.requests import SamplingParams, StructuredOutput
+from schemas.tokens import TokenLogprob
 from tests.helpers import wait_for
 from workers.engine import EngineOutput, EngineRequest
 from workers.engines.vllm.backend import StartedLlm
@@ -37,14 +38,22 @@ def request_output(
     reason: str | None = None,
     cached: int | None = 0,
     kv_transfer_params: dict[str, Any] | None = None,
+    logprobs: list[dict[int, Any]] | None = None,
+    prompt_logprobs: list[dict[int, Any] | None] | None = None,
 ) -> SimpleNamespace:
-    completion = SimpleNamespace(token_ids=list(tokens), finish_reason=reason)
+    completion = SimpleNamespace(token_ids=list(tokens), finish_reason=reason, logprobs=logprobs)
     return SimpleNamespace(
         outputs=[completion],
         finished=finished,
         num_cached_tokens=cached,
         kv_transfer_params=kv_transfer_params,
+        prompt_logprobs=prompt_logprobs,
     )
+
+
+def lp(logprob: float, rank: int) -> SimpleNamespace:
+    """vLLM's ``Logprob(logprob, rank, decoded_token)``."""
+    return SimpleNamespace(logprob=logprob, rank=rank, decoded_token=None)
 
 
 class FakeLLM:
@@ -218,6 +227,38 @@ async def test_request_reaches_generate_as_tokens_and_delta_params() -> None:
     assert call["params"]["extra_args"] == {"kv_transfer_params": {"do_remote_decode": True}}
     assert call["id"].startswith("r1-") and call["lora"] is None
     await engine.stop()
+
+
+async def test_logprobs_come_back_as_ours_in_rank_order() -> None:
+    """vLLM gives, per position, the top-k by rank plus the sampled token (possibly ranked
+    lower); the prompt's come once, with None for the first token."""
+    engine, backend = await started()
+    sp = SamplingParams(max_tokens=2, logprobs=2, prompt_logprobs=1)
+    sink = await submitted(engine, backend, EngineRequest("r1", (5, 6), sp))
+    params = backend.llm.calls[0]["params"]
+    assert (params["logprobs"], params["prompt_logprobs"]) == (2, 1)
+    first = {10: lp(-0.1, 1), 30: lp(-2.5, 2)}
+    second = {11: lp(-4.0, 7), 31: lp(-0.2, 1), 32: lp(-1.9, 2)}  # sampled 11, ranked 7th
+    prompt = [None, {6: lp(-3.0, 4), 9: lp(-0.5, 1)}]
+    await push(backend, request_output([10], logprobs=[first], prompt_logprobs=prompt))
+    await push(backend, request_output([11], True, "length", logprobs=[second]))
+    await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    got = [o.logprobs for o in sink.outputs]
+    assert got[0] == (TokenLogprob(-0.1, (10, 30), (-0.1, -2.5)),)
+    assert got[1] == (TokenLogprob(-4.0, (31, 32), (-0.2, -1.9)),)
+    assert sink.outputs[0].prompt_logprobs == (None, TokenLogprob(-3.0, (9,), (-0.5,)))
+    assert sink.outputs[1].prompt_logprobs is None
+    await engine.stop()
+
+
+async def test_a_constraint_goes_under_the_releases_name() -> None:
+    schema = '{"type": "object"}'
+    sp = SamplingParams(max_tokens=2, structured=StructuredOutput(json_schema=schema))
+    for version, name in (("0.33.0", "structured_outputs"), ("0.10.2", "guided_decoding")):
+        engine, backend = await started(version=version)
+        await submitted(engine, backend, EngineRequest("r", (5,), sp))
+        assert backend.llm.calls[0]["params"][name] == {"json": schema}
+        await engine.stop()
 
 
 async def test_delta_outputs_go_to_the_sink_in_order() -> None:

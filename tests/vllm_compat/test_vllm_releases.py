@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from schemas.requests import SamplingParams
+from schemas.requests import SamplingParams, StructuredOutput
 from tests.helpers import wait_for
 from tests.integration.test_vllm_kv_subscriber import Recorder
 from tests.unit.test_vllm_wire_mirror import (
@@ -267,6 +267,38 @@ def test_the_backend_builds_the_releases_sampling_params(
     assert list(params.stop_token_ids) == list(ours.stop_token_ids)
     assert params.detokenize is False and params.n == 1
     assert params.extra_args == {"kv_transfer_params": {"do_remote_decode": True}}
+
+
+@pytest.mark.parametrize("vllm", BOUNDARIES, indirect=True)
+def test_constraints_and_logprobs_reach_the_releases_sampling_params(vllm: SimpleNamespace) -> None:
+    """The constraint goes under the name the release reads (``structured_outputs`` from 0.11,
+    ``guided_decoding`` before), as that release's own params class."""
+    facts = features(vllm.release)
+    fields = {f for f in vllm.sampling_params.SamplingParams.__struct_fields__}
+    assert facts.structured_outputs == ("structured_outputs" in fields)
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    ours = SamplingParams(
+        max_tokens=4, logprobs=3, prompt_logprobs=1, structured=StructuredOutput(json_schema=schema)
+    )
+    req = EngineRequest("r", (1, 2), ours)
+    params = RealVllmBackend().sampling_params(sampling_kwargs(req, facts.structured_outputs))
+    assert (params.logprobs, params.prompt_logprobs) == (3, 1)
+    name, cls = (
+        ("structured_outputs", "StructuredOutputsParams")
+        if facts.structured_outputs
+        else ("guided_decoding", "GuidedDecodingParams")
+    )
+    constraint = getattr(params, name)
+    assert type(constraint) is getattr(vllm.sampling_params, cls)
+    assert constraint.json == schema
+    for st, field, value in (
+        (StructuredOutput(choice=("a", "b")), "choice", ["a", "b"]),
+        (StructuredOutput(regex="x+"), "regex", "x+"),
+        (StructuredOutput(json_object=True), "json_object", True),
+    ):
+        req = EngineRequest("r", (1,), SamplingParams(max_tokens=2, structured=st))
+        built = RealVllmBackend().sampling_params(sampling_kwargs(req, facts.structured_outputs))
+        assert getattr(getattr(built, name), field) == value
 
 
 def test_vllm_refuses_what_our_edge_validation_refuses(vllm: SimpleNamespace) -> None:

@@ -14,10 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 import xxhash
 
+from model.structured import Unsatisfiable, render
+from schemas.requests import StructuredOutput
+from schemas.tokens import TokenLogprob
 from workers.engine import (
     ControlResult,
     EngineLoad,
@@ -27,7 +32,8 @@ from workers.engine import (
     OutputSink,
 )
 from workers.engines.mocker.config import MockerConfig
-from workers.engines.mocker.scheduler import Scheduler, SeqRequest
+from workers.engines.mocker.logprobs import prompt_logprobs, token_logprob
+from workers.engines.mocker.scheduler import Scheduler, SeqOutput, SeqRequest
 
 log = structlog.get_logger("jetfleet.mocker")
 
@@ -52,15 +58,36 @@ def request_seed(request_id: str, seed: int | None) -> int:
     return xxhash.xxh3_64_intdigest(request_id.rsplit(":", 1)[0].encode())
 
 
+@dataclass(frozen=True, slots=True)
+class _Logprobs:
+    """What a request that asked for logprobs needs at each output."""
+
+    seed: int
+    first_position: int
+    k: int | None  # per generated token (None: not asked)
+    prompt: tuple[int, ...] | None  # the prompt, when prompt logprobs were asked
+    prompt_k: int
+
+
 class MockerEngine:
     name = "mocker"
 
-    def __init__(self, config: MockerConfig, vocab: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        config: MockerConfig,
+        vocab: tuple[int, ...],
+        encode: Callable[[str], list[int]] | None = None,
+    ) -> None:
+        """``encode``: the model's tokenizer, for structured output (the text is generated as
+        the tokens of a schema instance); without it structured requests fail."""
         self.config = config
         self.max_num_seqs = config.max_num_seqs
         self.num_gpu_blocks = config.num_gpu_blocks
         self.block_size = config.block_size
-        self._scheduler = Scheduler(config, vocabulary_token_source(vocab))
+        self._source = vocabulary_token_source(vocab)
+        self._scheduler = Scheduler(config, self._source)
+        self._encode = encode
+        self._logprobs: dict[str, _Logprobs] = {}
         self._sinks: dict[str, OutputSink] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -81,21 +108,46 @@ class MockerEngine:
 
     def add_request(self, request: EngineRequest, sink: OutputSink) -> None:
         sp = request.sampling
-        self._sinks[request.request_id] = sink
+        rid = request.request_id
+        seed = request_seed(rid, sp.seed)
+        forced: tuple[int, ...] = ()
+        if sp.structured is not None:
+            try:
+                forced = self._forced(sp.structured, seed)
+            except Unsatisfiable as exc:
+                sink.on_output(EngineOutput(rid, (), True, "error", error=f"mocker: {exc}"))
+                return
+        if sp.logprobs is not None or sp.prompt_logprobs is not None:
+            prompt = tuple(request.token_ids) if sp.prompt_logprobs is not None else None
+            self._logprobs[rid] = _Logprobs(
+                seed, request.num_generated_before, sp.logprobs, prompt, sp.prompt_logprobs or 0
+            )
+        self._sinks[rid] = sink
         self._scheduler.add_request(
             SeqRequest(
-                request_id=request.request_id,
+                request_id=rid,
                 prompt_token_ids=tuple(request.token_ids),
                 max_tokens=sp.max_tokens,
-                seed=request_seed(request.request_id, sp.seed),
+                seed=seed,
                 lora_name=request.lora_name,
                 first_position=request.num_generated_before,
+                forced=forced,
             )
         )
         self._wake.set()
 
+    def _forced(self, structured: StructuredOutput, seed: int) -> tuple[int, ...]:
+        """The tokens of the text that satisfies ``structured`` for ``seed``."""
+        if self._encode is None:
+            raise Unsatisfiable("this mocker was started without a tokenizer")
+        ids = tuple(self._encode(render(structured, seed)))
+        if not ids:
+            raise Unsatisfiable("the constrained text is empty")
+        return ids
+
     def abort(self, request_id: str) -> bool:
         sink = self._sinks.pop(request_id, None)
+        self._logprobs.pop(request_id, None)
         found = self._scheduler.abort(request_id)
         self._flush_kv_events()
         if sink is not None:
@@ -159,6 +211,12 @@ class MockerEngine:
                 continue
             if out.finished:
                 del sinks[out.request_id]
+            lp = self._logprobs.get(out.request_id) if self._logprobs else None
+            logprobs = prompt_lps = None
+            if lp is not None:
+                logprobs, prompt_lps = self._logprobs_of(out, lp)
+                if out.finished:
+                    del self._logprobs[out.request_id]
             sink.on_output(
                 EngineOutput(
                     request_id=out.request_id,
@@ -167,8 +225,25 @@ class MockerEngine:
                     finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens,
                     num_cached_tokens=out.num_cached_tokens,
+                    logprobs=logprobs,
+                    prompt_logprobs=prompt_lps,
                 )
             )
+
+    def _logprobs_of(
+        self, out: SeqOutput, lp: _Logprobs
+    ) -> tuple[tuple[TokenLogprob, ...] | None, tuple[TokenLogprob | None, ...] | None]:
+        logprobs = None
+        if lp.k is not None:
+            first = lp.first_position + out.num_output_tokens - len(out.new_token_ids)
+            logprobs = tuple(
+                token_logprob(self._source, lp.seed, first + i, t, lp.k)
+                for i, t in enumerate(out.new_token_ids)
+            )
+        prompt = None
+        if lp.prompt is not None and out.num_output_tokens <= 1:  # the first output
+            prompt = prompt_logprobs(self._source, lp.prompt, lp.prompt_k)
+        return logprobs, prompt
 
     async def _run(self) -> None:
         speedup = self.config.speedup
@@ -197,5 +272,6 @@ class MockerEngine:
     def _fail_all(self, reason: str) -> None:
         for rid in list(self._sinks):
             self._scheduler.abort(rid)
+            self._logprobs.pop(rid, None)
             sink = self._sinks.pop(rid)
             sink.on_output(EngineOutput(rid, (), True, "error", error=reason))

@@ -17,8 +17,10 @@ Each step, with a token budget of ``max_num_batched_tokens``:
 3. **Execution**: every scheduled sequence advances; blocks it filled are committed to the prefix
    cache (``BlockStored``). A sequence whose tokens are all computed samples one token from
    ``token_source(seed, position)`` — the first one in the step that completes its prefill —
-   and finishes (``"length"``) after ``max_tokens`` tokens. The step's simulated duration is
-   ``timing.step_ms`` (see ``timing`` for how prefill and decode combine).
+   and finishes (``"length"``) after ``max_tokens`` tokens. A sequence with ``forced`` tokens
+   (structured output) emits those instead and finishes (``"stop"``) after the last one. The
+   step's simulated duration is ``timing.step_ms`` (see ``timing`` for how prefill and decode
+   combine).
 
 A request that could never run — ``prompt + max_tokens - 1`` tokens of KV above the pool, or,
 without chunked prefill, above the token budget (vLLM requires ``max_num_batched_tokens >=
@@ -62,7 +64,7 @@ class SeqOutput(NamedTuple):  # immutable and ~5x cheaper to build than a frozen
     request_id: str
     new_token_ids: tuple[int, ...]  # 0 or 1 token
     finished: bool
-    finish_reason: str | None  # "length" | "error" (rejected: can never run) | None
+    finish_reason: str | None  # "length" | "stop" (forced text done) | "error" (rejected) | None
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served by the prefix cache at first admission
     num_output_tokens: int  # generated so far, this token included
@@ -294,9 +296,16 @@ class Scheduler:
         )
 
     def _sample(self, seq: Sequence) -> SeqOutput:
-        token = self._token_source(seq.req.seed, seq.req.first_position + len(seq.output))
+        req = seq.req
+        position = req.first_position + len(seq.output)
+        stop = False
+        if req.forced:
+            token = req.forced[min(position, len(req.forced) - 1)]
+            stop = position + 1 >= len(req.forced)
+        else:
+            token = self._token_source(req.seed, position)
         seq.append_output(token)
-        done = len(seq.output) >= seq.req.max_tokens
+        done = stop or len(seq.output) >= req.max_tokens
         if done:
             seq.status = SeqStatus.FINISHED
             self.pool.free(seq.block_ids)
@@ -305,7 +314,7 @@ class Scheduler:
             seq.request_id,
             (token,),
             done,
-            "length" if done else None,
+            ("stop" if stop else "length") if done else None,
             seq.num_prompt,
             seq.num_cached_tokens,
             len(seq.output),

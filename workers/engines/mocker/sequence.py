@@ -19,10 +19,13 @@ from schemas.hashing import block_hashes, hash_seed
 class SeqRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    max_tokens: int  # output tokens to generate (the mock never stops early)
+    max_tokens: int  # output tokens to generate (the mock stops early only after ``forced``)
     seed: int  # output tokens are a pure function of (seed, position)
     lora_name: str | None = None  # folded into the block hash seed
     first_position: int = 0  # tokens earlier attempts generated: a migration continues there
+    # Structured output: the whole text to generate (token ids); the sequence emits these in
+    # order instead of sampling and finishes with "stop" after the last one.
+    forced: tuple[int, ...] = ()
 
 
 class SeqStatus(Enum):

@@ -86,6 +86,13 @@ class RealVllmBackend:
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
         delta = self._sampling.RequestOutputKind.DELTA
+        kwargs = dict(kwargs)
+        for key, cls in (
+            ("structured_outputs", "StructuredOutputsParams"),
+            ("guided_decoding", "GuidedDecodingParams"),
+        ):
+            if isinstance(kwargs.get(key), dict):
+                kwargs[key] = getattr(self._sampling, cls)(**kwargs[key])
         return self._sampling.SamplingParams(**kwargs, output_kind=delta)
 
     def tokens_prompt(self, token_ids: Sequence[int]) -> Any:

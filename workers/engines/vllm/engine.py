@@ -69,7 +69,7 @@ from workers.engines.vllm.cache_shadow import CacheShadow
 from workers.engines.vllm.config import VllmEngineConfig
 from workers.engines.vllm.kv_events import DecodedBatch, DecodeOptions, decode_batch
 from workers.engines.vllm.lora import LoraRegistry
-from workers.engines.vllm.mapping import finish_reason, sampling_kwargs
+from workers.engines.vllm.mapping import finish_reason, logprobs_of, sampling_kwargs
 from workers.engines.vllm.stats import SchedulerStatsCollector
 from workers.engines.vllm.subscriber import KvEventSubscriber
 from workers.engines.vllm.versions import VllmFeatures, features
@@ -91,6 +91,9 @@ class _Running:
     num_prompt_tokens: int
     task: asyncio.Task[None] | None = None
     started: bool = False  # a first output came (the prompt is prefilled)
+    logprobs: int | None = None  # asked per generated token (top k)
+    prompt: tuple[int, ...] | None = None  # kept until vLLM returns its prompt logprobs
+    prompt_logprobs: int = 0
 
 
 class VllmEngine:
@@ -215,11 +218,16 @@ class VllmEngine:
             self.abort(rid)
         try:
             lora = self._lora_request(request.lora_name)
-            params = self._backend.sampling_params(sampling_kwargs(request))
+            new_names = self._features is None or self._features.structured_outputs
+            params = self._backend.sampling_params(sampling_kwargs(request, new_names))
         except Exception as exc:  # vLLM validates sampling params: a bad request, not a crash
             sink.on_output(EngineOutput(rid, (), True, "error", error=str(exc)))
             return
+        sp = request.sampling
         run = _Running(rid, f"{rid}-{next(self._ids)}", sink, len(request.token_ids))
+        run.logprobs = sp.logprobs
+        if sp.prompt_logprobs is not None:
+            run.prompt, run.prompt_logprobs = tuple(request.token_ids), sp.prompt_logprobs
         self._running[rid] = run
         self._pending_prefill_tokens += run.num_prompt_tokens
         prompt = self._backend.tokens_prompt(request.token_ids)
@@ -276,6 +284,13 @@ class VllmEngine:
                 error = "vLLM finished the request with an error"
             params = getattr(out, "kv_transfer_params", None)
             transfer = dict(params) if params else None
+        logprobs = prompt_lps = None
+        if run.logprobs is not None and completion is not None:
+            found = logprobs_of(tokens, completion.logprobs or (), run.logprobs)
+            logprobs = tuple(lp for lp in found if lp is not None)
+        if run.prompt is not None and getattr(out, "prompt_logprobs", None):
+            prompt_lps = logprobs_of(run.prompt, out.prompt_logprobs, run.prompt_logprobs)
+            run.prompt = None
         run.sink.on_output(
             EngineOutput(
                 run.request_id,
@@ -286,6 +301,8 @@ class VllmEngine:
                 num_cached_tokens=cached,
                 error=error,
                 kv_transfer_params=transfer,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_lps,
             )
         )
         return bool(out.finished)

@@ -18,6 +18,8 @@ release     change
             while blocks are in use is only a warning in vLLM's log)
 0.10.1      ``AsyncLLM.sleep`` resets the prefix cache first
 0.10.2      ``medium`` on ``BlockStored``/``BlockRemoved``
+0.11.0      ``SamplingParams.structured_outputs`` (``StructuredOutputsParams``) replaces
+            ``guided_decoding`` (``GuidedDecodingParams``, same fields; removed in 0.12)
 0.12.0      ``reset_prefix_cache`` returns ``bool`` (False: blocks in use, nothing reset)
 0.14.0      ``lora_name`` on ``BlockStored``
 0.17.0      ``extra_keys`` (per-block LoRA name, multimodal ids, cache salt)
@@ -47,6 +49,7 @@ Version = tuple[int, int, int]
 
 FLOOR: Version = (0, 10, 0)  # pyproject.toml: vllm>=0.10
 SLEEP_RESETS_CACHE: Version = (0, 10, 1)
+STRUCTURED_OUTPUTS: Version = (0, 11, 0)
 RESET_RETURNS_BOOL: Version = (0, 12, 0)
 EVENTS_AS_MAPS: Version = (0, 24, 0)
 REPLAY_WITH_TOPIC: Version = (0, 26, 0)
@@ -71,6 +74,7 @@ class VllmFeatures:
     reset_returns_bool: bool  # reset_prefix_cache says whether it reset anything
     events_as_maps: bool  # event structs map-encoded (the decoder reads both anyway)
     replay_with_topic: bool  # replay replies carry the topic frame
+    structured_outputs: bool  # SamplingParams(structured_outputs=...), else guided_decoding=
 
     @property
     def label(self) -> str:
@@ -91,4 +95,5 @@ def features(version: str | Version) -> VllmFeatures:
         reset_returns_bool=v >= RESET_RETURNS_BOOL,
         events_as_maps=v >= EVENTS_AS_MAPS,
         replay_with_topic=v >= REPLAY_WITH_TOPIC,
+        structured_outputs=v >= STRUCTURED_OUTPUTS,
     )
