@@ -9,7 +9,10 @@ A directory needs ``tokenizer.json``. It may also have:
   dicts) and ``model_max_length``;
 - ``config.json`` (or its ``text_config``): the context length (``max_position_embeddings``,
   ``max_seq_len``, ``n_positions``, ``seq_length``) and ``eos_token_id``;
-- ``generation_config.json``: more ``eos_token_id``s.
+- ``generation_config.json``: more ``eos_token_id``s;
+- ``jetfleet.json``: what the fleet cannot read off a Hugging Face directory, the
+  ``tool_call_parser`` and ``reasoning_parser`` the model's output needs (the worker flags of the
+  same names win).
 
 Context lengths outside ``(0, 10M)`` are ignored (``tokenizer_config`` often says ``1e30`` for "no
 limit"); with none found the model gets 4096. The shipped default model is
@@ -35,6 +38,9 @@ _CONTEXT_KEYS = (
     "seq_length",
     "max_sequence_length",
 )
+# The parsers the frontend knows (router/frontend/tool_parsers.py and reasoning.py).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic")
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 _MAX_SANE_CONTEXT = 10_000_000  # tokens; larger values mean "no limit" and are ignored
 _FALLBACK_CONTEXT = 4096  # tokens, when nothing in the directory says
 
@@ -55,6 +61,8 @@ class LocalModel:
     eos_token: str | None
     eos_token_ids: tuple[int, ...]  # ids that end generation
     block_size: int  # tokens per KV block
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 def default_model_dir() -> Path:
@@ -63,7 +71,11 @@ def default_model_dir() -> Path:
 
 
 def load_model_dir(
-    path: str | Path, served_name: str | None = None, block_size: int = 16
+    path: str | Path,
+    served_name: str | None = None,
+    block_size: int = 16,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> LocalModel:
     """Load ``path``; ``served_name`` defaults to the directory's basename."""
     path = Path(path)
@@ -76,6 +88,15 @@ def load_model_dir(
     tok_cfg = _read_json(path / "tokenizer_config.json")
     cfg = _read_json(path / "config.json")
     eos_token = _token_text(tok_cfg.get("eos_token"))
+    ours = _read_json(path / "jetfleet.json")
+    tool_call_parser = tool_call_parser or _parser(ours, "tool_call_parser", TOOL_CALL_PARSERS)
+    reasoning_parser = reasoning_parser or _parser(ours, "reasoning_parser", REASONING_PARSERS)
+    for value, known in (
+        (tool_call_parser, TOOL_CALL_PARSERS),
+        (reasoning_parser, REASONING_PARSERS),
+    ):
+        if value is not None and value not in known:
+            raise ModelDirError(f"unknown parser {value!r} (known: {', '.join(known)})")
     return LocalModel(
         name=served_name or path.resolve().name,
         tokenizer_json=tokenizer_json,
@@ -85,7 +106,14 @@ def load_model_dir(
         eos_token=eos_token,
         eos_token_ids=_eos_ids(path, cfg, tokenizer_json, eos_token),
         block_size=block_size,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
     )
+
+
+def _parser(ours: dict[str, Any], key: str, known: tuple[str, ...]) -> str | None:
+    value = ours.get(key)
+    return value if isinstance(value, str) and value else None
 
 
 def to_model_card(local: LocalModel, tokenizer_object: str) -> ModelCard:
@@ -101,6 +129,8 @@ def to_model_card(local: LocalModel, tokenizer_object: str) -> ModelCard:
         eos_token=local.eos_token,
         eos_token_ids=local.eos_token_ids,
         created_at_s=time.time(),
+        tool_call_parser=local.tool_call_parser,
+        reasoning_parser=local.reasoning_parser,
     )
 
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -34,6 +34,14 @@ log = structlog.get_logger("jetfleet.discovery")
 class ServedModel:
     card: ModelCard
     tokenizer: ModelTokenizer
+    _texts: dict[int, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (logprobs name tokens by it); cached."""
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._texts[token_id] = self.tokenizer.decode([token_id], False)
+        return text
 
 
 class Discovery:

@@ -167,9 +167,21 @@ def add_model(p: argparse.ArgumentParser) -> None:
         default="mocker",
         help="mocker: simulated engine on the CPU; vllm: vLLM on a GPU",
     )
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="how this model writes tool calls: hermes, llama3_json, mistral, qwen3_coder, "
+        "pythonic (default: the model dir's jetfleet.json, else none: tool_choice auto is refused)",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="how this model writes its reasoning: deepseek_r1, qwen3 (default: the model dir's "
+        "jetfleet.json, else none)",
+    )
 
 
-MODEL_FLAGS = ("model", "served_model_name", "engine")
+MODEL_FLAGS = ("model", "served_model_name", "engine", "tool_call_parser", "reasoning_parser")
 
 
 def add_engine(p: argparse.ArgumentParser) -> None:

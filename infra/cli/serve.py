@@ -178,7 +178,13 @@ def _worker(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int
     from workers.main import EngineChoice, run_worker
 
     model_dir = Path(args.model) if args.model else default_model_dir()
-    local = load_model_dir(model_dir, args.served_model_name, args.block_size)
+    local = load_model_dir(
+        model_dir,
+        args.served_model_name,
+        args.block_size,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+    )
     cfg = WORKER.build(
         args,
         nats_url=args.nats,

@@ -15,15 +15,43 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
 CONTEXT = 8192
+# ChatML; with ``tools`` a Hermes-style system block (as Qwen 2.5's template), assistant tool
+# calls as ``<tool_call>{json}</tool_call>`` and tool results as ``<tool_response>`` user turns,
+# so the shipped card's tool calls parse with ``hermes`` (jetfleet.json).
 CHAT_TEMPLATE = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{- content -}}"
+    "{%- elif content is none -%}"
+    "{%- else -%}{{- content | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('') -}}{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' -%}{{- text(messages[0]['content']) + '\\n\\n' -}}"
+    "{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name "
+    'and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": '
+    '<function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\' -}}'
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if message['content'] is string -%}{%- set content = message['content'] -%}"
-    "{%- elif message['content'] is none -%}{%- set content = '' -%}"
-    "{%- else -%}{%- set content = message['content'] | selectattr('type', 'equalto', 'text')"
-    " | map(attribute='text') | join('') -%}{%- endif -%}"
-    "{{- '<|im_start|>' + message['role'] + '\n' + content + '<|im_end|>' + '\n' -}}"
+    "{%- if tools and loop.first and message['role'] == 'system' -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + text(message['content'])"
+    " + '\\n</tool_response><|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) -}}"
+    "{%- for call in message['tool_calls'] or [] -%}"
+    "{%- set fn = call['function'] if call['function'] is defined else call -%}"
+    "{{- '\\n<tool_call>\\n{\\\"name\\\": ' + (fn['name'] | tojson) + ', \\\"arguments\\\": '"
+    " + (fn['arguments'] | tojson) + '}\\n</tool_call>' -}}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 
@@ -40,7 +68,8 @@ def byte_symbols() -> list[str]:
 
 
 def build(out: Path) -> None:
-    """Write ``tokenizer.json``, ``tokenizer_config.json`` and ``config.json`` into ``out``."""
+    """Write ``tokenizer.json``, ``tokenizer_config.json``, ``jetfleet.json`` and ``config.json``
+    into ``out``."""
     # token id == byte value, so raw bytes are valid prompts: tuple(b"hi") == (104, 105)
     vocab = {sym: b for b, sym in enumerate(byte_symbols())}
     assert set(vocab) == set(pre_tokenizers.ByteLevel.alphabet())
@@ -64,6 +93,7 @@ def build(out: Path) -> None:
         )
         + "\n"
     )
+    (out / "jetfleet.json").write_text(json.dumps({"tool_call_parser": "hermes"}, indent=2) + "\n")
     (out / "config.json").write_text(
         json.dumps(
             {

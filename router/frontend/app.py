@@ -13,20 +13,23 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from nats.aio.client import Client as NATS
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from model.structured import problem as mocker_problem
 from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery, ServedModel
 from router.frontend import asgi
+from router.frontend.logprobs import CompletionLogprobs, chat_content, merge_completion
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    GenerationParams,
     OpenAIError,
     chat_generation_params,
     completion_generation_params,
@@ -34,7 +37,15 @@ from router.frontend.openai_protocol import (
     parse_completion_request,
     resolve_max_tokens,
 )
-from router.frontend.responses import DONE, ChatShape, CompletionShape, encode, usage_body
+from router.frontend.output import ChoiceOutput, Delta
+from router.frontend.responses import (
+    DONE,
+    ChatShape,
+    CompletionShape,
+    FullChoice,
+    encode,
+    usage_body,
+)
 from router.frontend.stops import StopMatcher
 from router.frontend.tokenize import (
     PromptTokenizer,
@@ -83,11 +94,27 @@ class FrontendConfig:
 class _Choice:
     gen: Generation
     stops: StopMatcher
-    text: list[str]
+    out: ChoiceOutput
+    text: list[str]  # content
+    reasoning: list[str] = field(default_factory=list)
+    calls: list[Any] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)  # chat entries / completions parts
     reason: str | None = None
     first_at: float = 0.0
     last_at: float = 0.0
     error: str | None = None
+    echo: str | None = None  # completions echo: the prompt text, sent before the first token
+    echo_done: bool = False
+
+
+@dataclass(frozen=True)
+class _Logprobs:
+    """How one request's logprobs are shaped (None fields: not asked)."""
+
+    k: int | None  # top-k per generated token
+    echo_k: int | None  # completions echo with logprobs: prompt tokens too
+    chat: bool
+    token_text: Callable[[int], str]
 
 
 class Frontend:
@@ -294,19 +321,38 @@ class Frontend:
                 code="model_not_found",
             )
         ctx["model"] = creq.model  # a served model: a bounded label value
-        prompt = await self._prompt_tokens(served, creq, chat, len(body))
+        card = served.card
+        outputs = [self._choice_output(card, params, chat) for _ in range(params.n)]
+        self._check_constraint(creq.model, params)
+        prompt = await self._prompt_tokens(served, creq, chat, len(body), params)
         max_tokens = resolve_max_tokens(
             params.max_tokens,
             len(prompt),
-            served.card.context_length,
+            card.context_length,
             prompt_param="messages" if chat else "prompt",
         )
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{ctx['request_id']}"
         ctx.update(request_id=rid, model=creq.model, prompt_tokens=len(prompt))
+        special = served.tokenizer.special_tokens
+        keep_special = any(m in special for o in outputs[:1] for m in o.markers)
         gens = await self._start(
-            creq.model, rid, prompt, params, max_tokens, served.card.block_size, traceparent
+            creq.model,
+            rid,
+            prompt,
+            params,
+            max_tokens,
+            card.block_size,
+            traceparent,
+            skip_special_tokens=not keep_special,
         )
-        choices = [_Choice(g, StopMatcher(params.stop), []) for g in gens]
+        echo = self._echo_text(served, creq, prompt) if params.echo else None
+        choices = [
+            _Choice(g, StopMatcher(params.stop), o, [], echo=echo)
+            for g, o in zip(gens, outputs, strict=True)
+        ]
+        lp = None
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            lp = _Logprobs(params.logprobs, params.prompt_logprobs, chat, served.token_text)
         shape = (ChatShape if chat else CompletionShape)(rid, int(time.time()), creq.model)
         self.metrics.in_flight.inc()
         self._active += 1
@@ -314,9 +360,9 @@ class Frontend:
         try:
             async with asgi.DisconnectWatcher(receive):
                 if params.stream:
-                    await self._stream(send, shape, choices, params.include_usage, len(prompt))
+                    await self._stream(send, shape, choices, params.include_usage, len(prompt), lp)
                 else:
-                    await self._collect(send, shape, choices, len(prompt))
+                    await self._collect(send, shape, choices, len(prompt), lp)
         except asyncio.CancelledError:
             status = "cancelled"
             for c in choices:
@@ -339,17 +385,56 @@ class Frontend:
             )
             await self._observe(creq.model, choices, accepted, len(prompt), status)
 
+    @staticmethod
+    def _choice_output(card: Any, params: GenerationParams, chat: bool) -> ChoiceOutput:
+        if not chat:
+            return ChoiceOutput()
+        try:
+            return ChoiceOutput(params.tools, card.tool_call_parser, card.reasoning_parser)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="tool_choice") from None
+
+    def _check_constraint(self, model: str, params: GenerationParams) -> None:
+        """A constraint the model's engines cannot honour is a 400 naming the engine."""
+        if params.structured is None:
+            return
+        engines = {
+            v.reg.engine for v in self.discovery.state.workers.values() if v.reg.model == model
+        }
+        if engines == {"mocker"}:
+            why = mocker_problem(params.structured)
+            if why is not None:
+                raise OpenAIError(
+                    400,
+                    f"the mocker engine serving this model cannot honour this constraint: {why}",
+                    param="response_format",
+                )
+
+    @staticmethod
+    def _echo_text(served: ServedModel, creq: Any, prompt: list[int]) -> str:
+        value = creq.prompt_value()
+        return value if isinstance(value, str) else served.tokenizer.decode(prompt, False)
+
     async def _prompt_tokens(
-        self, served: ServedModel, creq: Any, chat: bool, size_hint: int
+        self,
+        served: ServedModel,
+        creq: Any,
+        chat: bool,
+        size_hint: int,
+        params: GenerationParams,
     ) -> list[int]:
         tok = served.tokenizer
         param = "messages" if chat else "prompt"
         render: Callable[[], str]
         if chat:
             messages = creq.messages_as_dicts()
+            extra = dict(creq.chat_template_kwargs or {})
+            tools = params.tools.template_tools() if params.tools is not None else None
+            if tools:
+                extra["tools"] = tools
 
             def render() -> str:
-                return tok.apply_chat_template(messages, add_generation_prompt=True)
+                return tok.apply_chat_template(messages, add_generation_prompt=True, **extra)
         else:
             prompt = creq.prompt_value()
             if not isinstance(prompt, str):
@@ -387,10 +472,11 @@ class Frontend:
         model: str,
         rid: str,
         prompt: list[int],
-        params: Any,
+        params: GenerationParams,
         max_tokens: int,
         block_size: int,
         traceparent: str,
+        skip_special_tokens: bool = True,
     ) -> list[Generation]:
         gens: list[Generation] = []
         now = time.time()
@@ -413,8 +499,12 @@ class Frontend:
                         presence_penalty=params.presence_penalty,
                         frequency_penalty=params.frequency_penalty,
                         repetition_penalty=params.repetition_penalty,
+                        logprobs=params.logprobs,
+                        prompt_logprobs=params.prompt_logprobs,
+                        structured=params.structured,
                     ),
                     created_at_s=now,
+                    skip_special_tokens=skip_special_tokens,
                 )
                 gen = await self.client.generate(request, traceparent)
                 if gen.decision is not None:
@@ -443,17 +533,17 @@ class Frontend:
             ) from None
         return gens
 
-    async def _chunks(self, choices: list[_Choice]) -> Any:
-        """(choice index, text, finish_reason) in arrival order across all choices."""
+    async def _chunks(self, choices: list[_Choice], lp: _Logprobs | None) -> Any:
+        """``_choice_chunks`` items in arrival order across all choices."""
         if len(choices) == 1:
-            async for item in self._choice_chunks(0, choices[0]):
+            async for item in self._choice_chunks(0, choices[0], lp):
                 yield item
             return
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def pump(i: int, c: _Choice) -> None:
             try:
-                async for item in self._choice_chunks(i, c):
+                async for item in self._choice_chunks(i, c, lp):
                     queue.put_nowait(item)
             finally:
                 queue.put_nowait(None)
@@ -471,7 +561,8 @@ class Frontend:
             for t in tasks:
                 t.cancel()
 
-    async def _choice_chunks(self, i: int, c: _Choice) -> Any:
+    async def _choice_chunks(self, i: int, c: _Choice, lp: _Logprobs | None) -> Any:
+        """(choice index, Delta, finish_reason, logprobs of the chunk's tokens) per chunk."""
         async for chunk in c.gen:
             now = time.monotonic()
             if chunk.token_ids:
@@ -496,13 +587,51 @@ class Frontend:
                 elif reason == "abort":
                     c.error = "generation aborted by the worker"
                     reason = "error"
-            if text:
-                c.text.append(text)
+            delta = c.out.feed(text)
+            if reason is not None and reason != "error":
+                tail, reason = c.out.finish(reason)
+                delta = Delta(
+                    delta.content + tail.content, delta.reasoning + tail.reasoning, tail.tool_calls
+                )
+            if c.echo is not None and not c.echo_done:
+                c.echo_done = True
+                delta.content = c.echo + delta.content
+            logprobs = self._chunk_logprobs(c, chunk, lp) if lp is not None else None
+            if delta.content:
+                c.text.append(delta.content)
+            if delta.reasoning:
+                c.reasoning.append(delta.reasoning)
+            c.calls.extend(delta.tool_calls)
             if reason is not None:
                 c.reason = reason
-            yield i, text, reason
+            yield i, delta, reason, logprobs
             if reason is not None:
                 return
+
+    def _chunk_logprobs(self, c: _Choice, chunk: Any, lp: _Logprobs) -> Any:
+        """This chunk's logprobs in the endpoint's shape (kept for the whole response too)."""
+        ids, values = chunk.token_ids, chunk.logprobs or ()
+        if lp.chat:
+            entries = chat_content(lp.token_text, ids, values, lp.k or 0)
+            c.logprobs.extend(entries)
+            return entries
+        if not c.logprobs:
+            c.logprobs.append(CompletionLogprobs(lp.token_text, lp.k or 0))
+        acc: CompletionLogprobs = c.logprobs[0]
+        parts = []
+        if lp.echo_k is not None and len(c.logprobs) == 1:  # the prompt first, once
+            prompt = c.gen.request.token_ids[: c.gen.prompt_len]
+            parts.append(acc.add(prompt, chunk.prompt_logprobs or (None,) * len(prompt)))
+        if lp.k is not None:
+            parts.append(acc.add(ids, values))
+        merged = merge_completion(parts) or {
+            "tokens": [],
+            "token_logprobs": [],
+            "top_logprobs": [],
+            "text_offset": [],
+        }
+        c.logprobs.append(merged)
+        return merged
 
     async def _stream(
         self,
@@ -511,6 +640,7 @@ class Frontend:
         choices: list[_Choice],
         include_usage: bool,
         prompt_len: int,
+        lp: _Logprobs | None,
     ) -> None:
         await asgi.start_sse(send)
         for i in range(len(choices)):
@@ -518,12 +648,12 @@ class Frontend:
             if head:
                 await asgi.send_sse(send, head)
         pending: list[bytes] = []  # events already here go out in one write
-        async for i, text, reason in self._chunks(choices):
+        async for i, delta, reason, logprobs in self._chunks(choices, lp):
             if reason == "error":
                 err = OpenAIError(500, choices[i].error or "generation failed", type="server_error")
                 pending.append(b"data: " + err.body() + b"\n\n")
-            elif text or reason is not None:
-                pending.append(shape.delta_chunk(i, text, reason))
+            elif delta or reason is not None or logprobs:
+                pending.append(shape.delta_chunk(i, delta, reason, logprobs))
             if pending and not any(c.gen.queue.qsize() for c in choices):
                 await asgi.send_sse(send, b"".join(pending))
                 pending.clear()
@@ -533,20 +663,30 @@ class Frontend:
         await asgi.end_sse(send, tail + DONE)
 
     async def _collect(
-        self, send: asgi.Send, shape: ChatShape, choices: list[_Choice], prompt_len: int
+        self,
+        send: asgi.Send,
+        shape: ChatShape,
+        choices: list[_Choice],
+        prompt_len: int,
+        lp: _Logprobs | None,
     ) -> None:
-        async for _ in self._chunks(choices):
+        async for _ in self._chunks(choices, lp):
             pass
         failed = [c.error for c in choices if c.error]
         if failed:
             await asgi.send_json(send, 500, OpenAIError(500, failed[0], type="server_error").body())
             return
-        texts = ["".join(c.text) for c in choices]
-        await asgi.send_json(
-            send,
-            200,
-            shape.full(texts, [c.reason for c in choices], self._usage(choices, prompt_len)),
-        )
+        full = [
+            FullChoice(
+                "".join(c.text),
+                c.reason,
+                "".join(c.reasoning),
+                c.calls,
+                _full_logprobs(c, lp),
+            )
+            for c in choices
+        ]
+        await asgi.send_json(send, 200, shape.full(full, self._usage(choices, prompt_len)))
 
     @staticmethod
     def _usage(choices: list[_Choice], prompt_len: int) -> dict[str, Any]:
@@ -598,6 +738,14 @@ class Frontend:
                 await self.nc.publish(self.subjects.obs(model), wire_encode(obs))
             except Exception as exc:
                 log.warning("observation_publish_failed", request_id=gen.request_id, error=str(exc))
+
+
+def _full_logprobs(c: _Choice, lp: _Logprobs | None) -> Any:
+    if lp is None:
+        return None
+    if lp.chat:
+        return c.logprobs
+    return merge_completion(c.logprobs[1:]) if c.logprobs else None
 
 
 async def _lifespan(receive: asgi.Receive, send: asgi.Send) -> None:

@@ -4,9 +4,13 @@ Parsing is typed (msgspec): a wrong type names the field (``$.temperature`` -> p
 ``temperature``, ``$.messages[0].role`` -> ``messages[0].role``). Ranges are checked after
 parsing. Every failure is an ``OpenAIError`` carrying the HTTP status and the ``{"error": {message,
 type, param, code}}`` body OpenAI clients expect. Unknown fields are ignored, as OpenAI does; known
-fields the fleet cannot honour (logprobs, tools, ...) are refused with 400 when set to anything but
-their default, never silently ignored. Most optional fields also accept ``null`` (some clients send
-every field).
+fields the fleet cannot honour (``logit_bias``, ``best_of``, ``suffix``, non-text content parts)
+are refused with 400 when set to anything but their default, never silently ignored. Most optional
+fields also accept ``null`` (some clients send every field).
+
+Structured output comes as OpenAI's ``response_format`` (``json_object``, ``json_schema``) or as
+vLLM's extras (``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``,
+``structured_outputs``); at most one constraint per request.
 
 No HTTP code here: the frontend calls ``parse_*_request`` then ``*_generation_params``, and
 ``resolve_max_tokens`` once the prompt is tokenized.
@@ -14,19 +18,23 @@ No HTTP code here: the frontend calls ``parse_*_request`` then ``*_generation_pa
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
+from router.frontend.tools import ToolChoiceError, ToolPlan, plan_tools
+from schemas.requests import StructuredOutput
+
 _json_encode = msgspec.json.Encoder().encode
 _AT_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 _MISSING = re.compile(r"missing required field `(?P<field>\w+)`")
 _INT64 = 2**63
-_TEXT_FORMAT = {"type": "text"}  # the default response_format, the only one served
 MAX_N = 16
 MAX_STOP = 4
+MAX_LOGPROBS = 20
 
 
 class OpenAIError(Exception):
@@ -64,11 +72,24 @@ class TextPart(msgspec.Struct):
     text: str = ""
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall
+    id: str = ""
+    type: str = "function"
+
+
 class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # None only for assistant messages
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages that called tools
+    reasoning_content: str | None = None  # an earlier answer's reasoning (templates may use it)
 
 
 class StreamOptions(msgspec.Struct):
@@ -95,16 +116,23 @@ class _Common(msgspec.Struct):
     user: str | None = None
     logit_bias: dict[str, float] | None = None  # refused unless empty
     best_of: int | None = None  # refused unless 1
+    response_format: Any = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    guided_json: Any = None  # vLLM extension: a JSON schema (object or JSON text)
+    guided_regex: str | None = None  # vLLM extension
+    guided_choice: list[str] | None = None  # vLLM extension
+    guided_grammar: str | None = None  # vLLM extension
+    structured_outputs: dict[str, Any] | None = None  # vLLM extension: {json|regex|choice|...}
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = []
     max_completion_tokens: int | None = None  # wins over max_tokens
-    logprobs: bool | None = None  # refused unless false
-    top_logprobs: int | None = None  # refused unless 0
-    tools: list[Any] | None = None  # refused unless empty
-    tool_choice: Any = None  # refused unless "none" / "auto"
-    response_format: Any = None  # refused unless {"type": "text"}
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # [0, 20], needs logprobs
+    tools: list[Any] | None = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM extension (enable_thinking, ...)
 
     def messages_as_dicts(self) -> list[dict[str, Any]]:
         """Messages for the chat template: content always a string."""
@@ -113,8 +141,8 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[Any] | None = None
-    logprobs: int | None = None  # refused unless null
-    echo: bool | None = None  # refused unless false
+    logprobs: int | None = None  # [0, 20]: the sampled token's and this many top ones
+    echo: bool | None = None  # the prompt before the completion (with its logprobs if asked)
     suffix: str | None = None  # refused unless empty
 
     def prompt_value(self) -> str | list[int]:
@@ -153,7 +181,26 @@ def _message_dict(m: ChatMessage) -> dict[str, Any]:
         out["name"] = m.name
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content is not None:
+        out["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        # arguments as objects: HF chat templates render them with ``tojson`` (as vLLM does)
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": _arguments(c.function)},
+            }
+            for c in m.tool_calls
+        ]
     return out
+
+
+def _arguments(fn: FunctionCall) -> Any:
+    try:
+        return json.loads(fn.arguments or "{}")
+    except ValueError:
+        return fn.arguments
 
 
 def _content_text(content: str | list[TextPart] | None) -> str:
@@ -184,6 +231,11 @@ class GenerationParams:
     repetition_penalty: float
     stream: bool
     include_usage: bool  # final usage chunk when streaming
+    logprobs: int | None = None  # top-k per generated token; None: not asked
+    prompt_logprobs: int | None = None  # completions with echo and logprobs
+    echo: bool = False
+    structured: StructuredOutput | None = None
+    tools: ToolPlan | None = None
 
 
 def chat_max_tokens(req: ChatCompletionRequest) -> int | None:
@@ -191,11 +243,113 @@ def chat_max_tokens(req: ChatCompletionRequest) -> int | None:
 
 
 def chat_generation_params(req: ChatCompletionRequest) -> GenerationParams:
-    return _params(req, chat_max_tokens(req))
+    plan = _tool_plan(req)
+    structured = _structured(req)
+    tool_constraint = plan.constraint()
+    if tool_constraint is not None:
+        if structured is not None:
+            raise _bad(
+                "response_format",
+                "response_format cannot be combined with tool_choice "
+                f"'{plan.mode}' (the call is the constrained output)",
+            )
+        structured = tool_constraint
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _params(req, chat_max_tokens(req), logprobs=logprobs, structured=structured, tools=plan)
 
 
 def completion_generation_params(req: CompletionRequest) -> GenerationParams:
-    return _params(req, req.max_tokens)
+    echo = bool(req.echo)
+    return _params(
+        req,
+        req.max_tokens,
+        logprobs=req.logprobs,
+        prompt_logprobs=req.logprobs if echo else None,
+        echo=echo,
+        structured=_structured(req),
+    )
+
+
+def _tool_plan(req: ChatCompletionRequest) -> ToolPlan:
+    try:
+        return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    except ToolChoiceError as exc:
+        raise _bad(exc.param, str(exc)) from None
+
+
+def _structured(req: _Common) -> StructuredOutput | None:
+    """The one constraint the request sets (``response_format`` or a vLLM extra), or None."""
+    found: list[tuple[str, StructuredOutput]] = []
+    rf = req.response_format
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "json_object":
+            found.append(("response_format", StructuredOutput(json_object=True)))
+        elif kind == "json_schema":
+            spec = rf.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise _bad(
+                    "response_format.json_schema.schema", "json_schema needs a 'schema' object"
+                )
+            found.append(("response_format", StructuredOutput(json_schema=json.dumps(schema))))
+        elif kind != "text":
+            raise _bad(
+                "response_format.type",
+                "response_format.type must be 'text', 'json_object' or 'json_schema'",
+            )
+    if req.guided_json is not None:
+        found.append(("guided_json", StructuredOutput(json_schema=_schema_text(req.guided_json))))
+    if req.guided_regex is not None:
+        found.append(("guided_regex", StructuredOutput(regex=req.guided_regex)))
+    if req.guided_choice is not None:
+        found.append(("guided_choice", _choice(req.guided_choice, "guided_choice")))
+    if req.guided_grammar is not None:
+        found.append(("guided_grammar", StructuredOutput(grammar=req.guided_grammar)))
+    if req.structured_outputs:
+        found.append(("structured_outputs", _vllm_structured(req.structured_outputs)))
+    if len(found) > 1:
+        raise _bad(found[1][0], f"only one of {', '.join(n for n, _ in found)} may be set")
+    return found[0][1] if found else None
+
+
+def _schema_text(schema: Any, param: str = "guided_json") -> str:
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise _bad(param, f"{param} is not valid JSON") from None
+    if not isinstance(schema, dict):
+        raise _bad(param, f"{param} must be a JSON schema object")
+    return json.dumps(schema)
+
+
+def _choice(options: Any, param: str) -> StructuredOutput:
+    if not isinstance(options, list) or not options:
+        raise _bad(param, f"{param} must be a non-empty list of strings")
+    if not all(isinstance(o, str) and o for o in options):
+        raise _bad(param, f"{param} must hold non-empty strings")
+    return StructuredOutput(choice=tuple(options))
+
+
+def _vllm_structured(spec: dict[str, Any]) -> StructuredOutput:
+    keys = [k for k in ("json", "regex", "choice", "grammar", "json_object") if spec.get(k)]
+    if len(keys) != 1:
+        raise _bad(
+            "structured_outputs",
+            "structured_outputs must set exactly one of json, regex, choice, grammar, json_object",
+        )
+    key, value = keys[0], spec[keys[0]]
+    param = f"structured_outputs.{key}"
+    if key == "json":
+        return StructuredOutput(json_schema=_schema_text(value, param))
+    if key == "choice":
+        return _choice(value, param)
+    if key == "json_object":
+        return StructuredOutput(json_object=True)
+    if not isinstance(value, str):
+        raise _bad(param, f"{param} must be a string")
+    return StructuredOutput(regex=value) if key == "regex" else StructuredOutput(grammar=value)
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -204,7 +358,7 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _params(req: _Common, max_tokens: int | None) -> GenerationParams:
+def _params(req: _Common, max_tokens: int | None, **extra: Any) -> GenerationParams:
     return GenerationParams(
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -221,6 +375,7 @@ def _params(req: _Common, max_tokens: int | None) -> GenerationParams:
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        **extra,
     )
 
 
@@ -256,10 +411,12 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     _check_messages(req.messages)
     _check_common(req)
     _check_max_tokens("max_completion_tokens", req.max_completion_tokens)
-    _refuse(req, {"logprobs": (None, False), "top_logprobs": (None, 0)})
-    _refuse(req, {"tool_choice": (None, "none", "auto"), "response_format": (None, _TEXT_FORMAT)})
-    if req.tools:
-        raise _bad("tools", "tools is not supported by this server")
+    if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise _bad("top_logprobs", f"top_logprobs must be in [0, {MAX_LOGPROBS}]")
+        if req.top_logprobs and not req.logprobs:
+            raise _bad("top_logprobs", "top_logprobs needs logprobs set to true")
+    chat_generation_params(req)  # tools, tool_choice and the constraint are checked here
     return req
 
 
@@ -270,7 +427,10 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
         raise _bad("prompt", "Missing required parameter: 'prompt'.")
     req.prompt_value()
     _check_common(req)
-    _refuse(req, {"logprobs": (None,), "echo": (None, False), "suffix": (None, "")})
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
+        raise _bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}]")
+    _refuse(req, {"suffix": (None, "")})
+    completion_generation_params(req)  # the constraint is checked here
     return req
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
+from router.frontend.output import Delta, OutCall
 
 _json = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
@@ -27,6 +30,17 @@ def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -
     }
 
 
+@dataclass
+class FullChoice:
+    """One choice of a whole (non-streamed) response."""
+
+    content: str
+    reason: str | None
+    reasoning: str = ""
+    calls: list[OutCall] = field(default_factory=list)
+    logprobs: Any = None  # chat: the content list; completions: the logprobs object
+
+
 class ChatShape:
     """Chat completions: ``delta.content`` when streaming, ``message`` in the full response."""
 
@@ -42,23 +56,36 @@ class ChatShape:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         return sse({**self.head, "choices": [choice]})
 
-    def delta_chunk(self, index: int, text: str, finish_reason: str | None) -> bytes:
-        delta = {"content": text} if text else {}
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def delta_chunk(
+        self, index: int, d: Delta, finish_reason: str | None, logprobs: Any = None
+    ) -> bytes:
+        delta: dict[str, Any] = {}
+        if d.reasoning:
+            delta["reasoning_content"] = d.reasoning
+        if d.content:
+            delta["content"] = d.content
+        if d.tool_calls:
+            delta["tool_calls"] = [c.openai(with_index=True) for c in d.tool_calls]
+        lp = {"content": logprobs} if logprobs is not None else None
+        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         return sse({**self.head, "choices": [choice]})
 
     def usage_chunk(self, usage: dict[str, Any]) -> bytes:
         return sse({**self.head, "choices": [], "usage": usage})
 
-    def full_choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
+    def full_choice(self, index: int, c: FullChoice) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": c.content}
+        if c.calls:
+            message["tool_calls"] = [call.openai() for call in c.calls]
+            message["content"] = c.content or None
+        if c.reasoning:
+            message["reasoning_content"] = c.reasoning
+        lp = {"content": c.logprobs} if c.logprobs is not None else None
+        return {"index": index, "message": message, "logprobs": lp, "finish_reason": c.reason}
 
-    def full(self, texts: list[str], reasons: list[str | None], usage: dict[str, Any]) -> bytes:
+    def full(self, choices_in: list[FullChoice], usage: dict[str, Any]) -> bytes:
         """The whole (non-streamed) response body."""
-        choices = [
-            self.full_choice(i, t, r) for i, (t, r) in enumerate(zip(texts, reasons, strict=True))
-        ]
+        choices = [self.full_choice(i, c) for i, c in enumerate(choices_in)]
         return encode(
             {
                 "id": self.rid,
@@ -80,9 +107,21 @@ class CompletionShape(ChatShape):
     def role_chunk(self, index: int) -> bytes:
         return b""
 
-    def delta_chunk(self, index: int, text: str, finish_reason: str | None) -> bytes:
-        choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def delta_chunk(
+        self, index: int, d: Delta, finish_reason: str | None, logprobs: Any = None
+    ) -> bytes:
+        choice = {
+            "index": index,
+            "text": d.content,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
         return sse({**self.head, "choices": [choice]})
 
-    def full_choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": reason}
+    def full_choice(self, index: int, c: FullChoice) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": c.content,
+            "logprobs": c.logprobs,
+            "finish_reason": c.reason,
+        }

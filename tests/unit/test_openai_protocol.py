@@ -16,6 +16,8 @@ from router.frontend.openai_protocol import (
     parse_completion_request,
     resolve_max_tokens,
 )
+from router.frontend.tools import ToolPlan
+from schemas import StructuredOutput
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -34,12 +36,28 @@ def error_of(parse: Any, body: bytes) -> OpenAIError:
     return info.value
 
 
+def _tool(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
+    if params is not None:
+        fn["parameters"] = params
+    return {"type": "function", "function": fn}
+
+
+def _named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
 GOOD_CHAT = [
     chat(),
     chat(max_tokens=5, temperature=0, top_p=1, seed=7, n=16, stop="x"),
     chat(stop=["a", "b", "c", "d"], stream=True, stream_options={"include_usage": True}),
     chat(ignore_eos=True, min_tokens=0, presence_penalty=-2, frequency_penalty=2, user="u"),
     chat(logprobs=False, top_logprobs=0, tools=[], logit_bias={}, tool_choice="none"),
+    chat(logprobs=True, top_logprobs=5, tools=[_tool("f", {"type": "object"})], tool_choice="auto"),
+    chat(tools=[_tool("f")], tool_choice=_named("f"), parallel_tool_calls=False),
+    chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    chat(guided_json={"type": "object"}, chat_template_kwargs={"enable_thinking": False}),
+    chat(structured_outputs={"choice": ["a", "b"]}),
     chat(response_format={"type": "text"}, best_of=1, unknown_field={"ignored": 1}),
     chat(temperature=None, n=None, stream=None, stop=None, stream_options=None, seed=None),
     chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}]),
@@ -112,11 +130,51 @@ BAD_CHAT: list[tuple[str, bytes, int, str | None]] = [
     ("top_k type", chat(top_k=1.5), 400, "top_k"),
     ("min_p", chat(min_p=1.5), 400, "min_p"),
     ("repetition_penalty zero", chat(repetition_penalty=0), 400, "repetition_penalty"),
-    ("logprobs", chat(logprobs=True), 400, "logprobs"),
-    ("top_logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
-    ("tools", chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-    ("tool_choice", chat(tool_choice="required"), 400, "tool_choice"),
-    ("response_format", chat(response_format={"type": "json_object"}), 400, "response_format"),
+    ("top_logprobs without logprobs", chat(top_logprobs=2), 400, "top_logprobs"),
+    ("top_logprobs above 20", chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    (
+        "tool without a name",
+        chat(tools=[{"type": "function", "function": {}}]),
+        400,
+        "tools[0].function.name",
+    ),
+    ("tool not a function", chat(tools=[{"type": "code_interpreter"}]), 400, "tools[0].type"),
+    ("tool names repeat", chat(tools=[_tool("f"), _tool("f")]), 400, "tools"),
+    ("tool_choice without tools", chat(tool_choice="required"), 400, "tool_choice"),
+    ("tool_choice unknown", chat(tools=[_tool("f")], tool_choice="maybe"), 400, "tool_choice"),
+    (
+        "tool_choice names no tool",
+        chat(tools=[_tool("f")], tool_choice=_named("g")),
+        400,
+        "tool_choice",
+    ),
+    ("response_format type", chat(response_format={"type": "yaml"}), 400, "response_format.type"),
+    (
+        "json_schema without schema",
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        400,
+        "response_format.json_schema.schema",
+    ),
+    (
+        "two constraints",
+        chat(response_format={"type": "json_object"}, guided_regex="a+"),
+        400,
+        "guided_regex",
+    ),
+    ("guided_json not JSON", chat(guided_json="{nope"), 400, "guided_json"),
+    ("guided_choice empty", chat(guided_choice=[]), 400, "guided_choice"),
+    (
+        "structured_outputs two keys",
+        chat(structured_outputs={"regex": "a", "choice": ["b"]}),
+        400,
+        "structured_outputs",
+    ),
+    (
+        "constraint with tool_choice required",
+        chat(tools=[_tool("f")], tool_choice="required", response_format={"type": "json_object"}),
+        400,
+        "response_format",
+    ),
     ("logit_bias", chat(logit_bias={"1": 5}), 400, "logit_bias"),
     ("best_of", chat(best_of=2), 400, "best_of"),
     ("user type", chat(user=5), 400, "user"),
@@ -131,9 +189,9 @@ BAD_COMPLETION: list[tuple[str, bytes, int, str | None]] = [
     ("mixed list", completion(prompt=[1, "a"]), 400, "prompt"),
     ("negative id", completion(prompt=[1, -2]), 400, "prompt"),
     ("prompt number", completion(prompt=5), 400, "prompt"),
-    ("echo", completion(echo=True), 400, "echo"),
-    ("logprobs", completion(logprobs=1), 400, "logprobs"),
-    ("logprobs zero", completion(logprobs=0), 400, "logprobs"),
+    ("logprobs negative", completion(logprobs=-1), 400, "logprobs"),
+    ("logprobs above 20", completion(logprobs=21), 400, "logprobs"),
+    ("completion guided_choice", completion(guided_choice=[""]), 400, "guided_choice"),
     ("suffix", completion(suffix="end"), 400, "suffix"),
     ("best_of", completion(best_of=3), 400, "best_of"),
     ("max_tokens negative", completion(max_tokens=-1), 400, "max_tokens"),
@@ -180,7 +238,11 @@ def test_error_messages_name_the_problem() -> None:
     assert "object" in error_of(parse_chat_request, b"[]").message
     assert "'model'" in error_of(parse_chat_request, b'{"messages": []}').message
     assert "temperature" in error_of(parse_chat_request, chat(temperature="x")).message
-    assert "not supported" in error_of(parse_chat_request, chat(logprobs=True)).message
+    assert "not supported" in error_of(parse_chat_request, chat(logit_bias={"1": 2})).message
+    assert (
+        "not in tools"
+        in error_of(parse_chat_request, chat(tools=[_tool("f")], tool_choice=_named("g"))).message
+    )
 
 
 def test_error_body_is_openai_shaped() -> None:
@@ -213,7 +275,74 @@ def test_chat_params_resolve_defaults() -> None:
         repetition_penalty=1.0,
         stream=False,
         include_usage=False,
+        tools=ToolPlan("none"),
     )
+
+
+INTEGER = {"type": "integer"}
+
+
+def test_logprobs_and_echo_resolve() -> None:
+    chat_params = chat_generation_params(parse_chat_request(chat(logprobs=True, top_logprobs=3)))
+    assert (chat_params.logprobs, chat_params.prompt_logprobs) == (3, None)
+    assert chat_generation_params(parse_chat_request(chat(logprobs=True))).logprobs == 0
+    assert chat_generation_params(parse_chat_request(chat(top_logprobs=0))).logprobs is None
+    params = completion_generation_params(
+        parse_completion_request(completion(logprobs=2, echo=True))
+    )
+    assert (params.logprobs, params.prompt_logprobs, params.echo) == (2, 2, True)
+    plain = completion_generation_params(parse_completion_request(completion(echo=True)))
+    assert (plain.logprobs, plain.prompt_logprobs, plain.echo) == (None, None, True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"response_format": {"type": "json_object"}}, StructuredOutput(json_object=True)),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"type": "integer"}},
+                }
+            },
+            StructuredOutput(json_schema='{"type": "integer"}'),
+        ),
+        ({"guided_json": '{"type": "string"}'}, StructuredOutput(json_schema='{"type": "string"}')),
+        ({"guided_regex": "[a-z]+"}, StructuredOutput(regex="[a-z]+")),
+        ({"guided_choice": ["x", "y"]}, StructuredOutput(choice=("x", "y"))),
+        ({"guided_grammar": "root ::= 'a'"}, StructuredOutput(grammar="root ::= 'a'")),
+        ({"structured_outputs": {"json_object": True}}, StructuredOutput(json_object=True)),
+        ({"response_format": {"type": "text"}}, None),
+    ],
+)
+def test_constraints_reach_the_params(fields: dict[str, Any], expected: Any) -> None:
+    assert chat_generation_params(parse_chat_request(chat(**fields))).structured == expected
+    assert (
+        completion_generation_params(parse_completion_request(completion(**fields))).structured
+        == expected
+    )
+
+
+def test_tool_choices_become_constraints() -> None:
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [_tool("get_weather", weather), _tool("get_time")]
+    named = chat_generation_params(
+        parse_chat_request(chat(tools=tools, tool_choice=_named("get_weather")))
+    )
+    assert named.tools is not None and named.tools.mode == "named"
+    assert named.structured == StructuredOutput(json_schema=json.dumps(weather))
+    required = chat_generation_params(
+        parse_chat_request(chat(tools=tools, tool_choice="required", parallel_tool_calls=False))
+    )
+    assert required.structured is not None and required.structured.json_schema is not None
+    schema = json.loads(required.structured.json_schema)
+    assert (schema["type"], schema["minItems"], schema["maxItems"]) == ("array", 1, 1)
+    names = [b["properties"]["name"]["enum"] for b in schema["items"]["anyOf"]]
+    assert names == [["get_weather"], ["get_time"]]
+    auto = chat_generation_params(parse_chat_request(chat(tools=tools)))
+    assert auto.tools is not None and auto.tools.mode == "auto" and auto.structured is None
+    assert auto.tools.template_tools() == tools
 
 
 def test_chat_params_carry_values() -> None:
