@@ -1,7 +1,11 @@
 """The OpenAI-compatible HTTP frontend (stateless; routes in-process through ``FleetClient``).
 
-Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /ready, GET /metrics. Bad input gets an OpenAI-style JSON error with the right 4xx; an accepted
+Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST
+/v1/messages (Anthropic), POST /v1/messages/count_tokens, GET /v1/models, GET /health, GET /ready,
+GET /metrics. Responses and Messages bodies are translated into the chat request they mean and run
+on the same generation path; only their response shapes differ.
+
+Bad input gets an OpenAI-style JSON error with the right 4xx; an accepted
 request ends in a full response, a complete SSE stream, or a clear error (in the stream when
 streaming has begun). A client that disconnects cancels its generation on the worker.
 """
@@ -23,7 +27,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from model.structured import problem as mocker_problem
 from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
 from router.discovery import Discovery, ServedModel
-from router.frontend import asgi
+from router.frontend import anthropic, asgi, responses_api
+from router.frontend.anthropic import MessagesShape
+from router.frontend.anthropic import error_body as anthropic_error_body
 from router.frontend.logprobs import CompletionLogprobs, chat_content, merge_completion
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.openai_protocol import (
@@ -39,13 +45,13 @@ from router.frontend.openai_protocol import (
 )
 from router.frontend.output import ChoiceOutput, Delta
 from router.frontend.responses import (
-    DONE,
     ChatShape,
     CompletionShape,
     FullChoice,
     encode,
     usage_body,
 )
+from router.frontend.responses_api import ResponsesShape
 from router.frontend.stops import StopMatcher
 from router.frontend.tokenize import (
     PromptTokenizer,
@@ -60,7 +66,13 @@ from schemas.trace import child_traceparent
 log = structlog.get_logger("jetfleet.frontend")
 access_log = structlog.get_logger("jetfleet.access")
 
-_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+_ID_PREFIX = {"chat": "chatcmpl", "completions": "cmpl", "responses": "resp", "messages": "msg"}
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_:")
 
 
@@ -201,11 +213,12 @@ class Frontend:
                     type="authentication_error",
                     code="invalid_api_key",
                 )
-            if path in ("/v1/chat/completions", "/v1/completions"):
+            if path in _ENDPOINTS:
                 if method != "POST":
                     raise OpenAIError(405, f"Method {method} not allowed on {path}")
-                chat = path.endswith("chat/completions")
-                await self._generate(scope, receive, send, chat, ctx, traceparent)
+                await self._generate(scope, receive, send, _ENDPOINTS[path], ctx, traceparent)
+            elif path == "/v1/messages/count_tokens" and method == "POST":
+                await self._count_tokens(receive, send)
             elif path == "/v1/models" and method == "GET":
                 await asgi.send_json(send, 200, encode(self._models_body()))
             elif path == "/health":
@@ -224,22 +237,30 @@ class Frontend:
             else:
                 raise OpenAIError(404, f"Unknown path {path}", type="not_found_error")
         except OpenAIError as err:
-            await self._error(send, err)
+            await self._error(send, err, anthropic=path.startswith("/v1/messages"))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: still an OpenAI-style JSON error, and logged
             log.exception("frontend_unhandled_error", path=path, error=str(exc))
             with contextlib.suppress(Exception):
-                await self._error(send, OpenAIError(500, "internal error", type="server_error"))
+                internal = OpenAIError(500, "internal error", type="server_error")
+                await self._error(send, internal, anthropic=path.startswith("/v1/messages"))
 
     def _authorized(self, scope: asgi.Scope) -> bool:
-        return any(k == b"authorization" and v in self._auth for k, v in scope["headers"])
+        """``Authorization: Bearer <key>`` (OpenAI clients) or ``x-api-key: <key>`` (Anthropic)."""
+        for k, v in scope["headers"]:
+            if (k == b"authorization" and v in self._auth) or (
+                k == b"x-api-key" and b"Bearer " + v in self._auth
+            ):
+                return True
+        return False
 
-    async def _error(self, send: asgi.Send, err: OpenAIError) -> None:
+    async def _error(self, send: asgi.Send, err: OpenAIError, anthropic: bool = False) -> None:
         headers = []
         if err.status in (429, 503):
             headers.append((b"retry-after", str(self.cfg.retry_after_s).encode()))
-        await asgi.send_json(send, err.status, err.body(), headers)
+        body = anthropic_error_body(err) if anthropic else err.body()
+        await asgi.send_json(send, err.status, body, headers)
 
     def _scrape_targets(self) -> list[dict[str, Any]]:
         """Prometheus HTTP service discovery: every live worker's operations port, from the
@@ -285,41 +306,64 @@ class Frontend:
         await asgi.send_json(send, status, encode({"ready": not reasons, "reasons": reasons}))
 
     # ------------------------------------------------------------------ generation
-    async def _generate(
-        self,
-        scope: asgi.Scope,
-        receive: asgi.Receive,
-        send: asgi.Send,
-        chat: bool,
-        ctx: dict[str, Any],
-        traceparent: str,
-    ) -> None:
-        accepted = time.monotonic()
-        endpoint = "chat" if chat else "completions"
+    async def _read_body(self, receive: asgi.Receive) -> bytes:
         try:
-            body = await asgi.read_body(receive, self._max_body)
+            return await asgi.read_body(receive, self._max_body)
         except asgi.BodyTooLarge:
             raise OpenAIError(
                 413,
                 f"Request body larger than {self.cfg.max_body_mb:g} MiB",
                 code="request_too_large",
             ) from None
-        creq: ChatCompletionRequest | CompletionRequest
-        if chat:
-            chat_req = parse_chat_request(body)
-            creq, params = chat_req, chat_generation_params(chat_req)
-        else:
-            completion_req = parse_completion_request(body)
-            creq, params = completion_req, completion_generation_params(completion_req)
-        served = self.discovery.models.get(creq.model)
-        if served is None:  # a model the fleet has served waits for a worker below, then 503s
+
+    def _served(self, model: str) -> ServedModel:
+        served = self.discovery.models.get(model)
+        if served is None:  # a model the fleet has served waits for a worker, then 503s
             raise OpenAIError(
                 404,
-                f"The model `{creq.model}` does not exist.",
+                f"The model `{model}` does not exist.",
                 type="not_found_error",
                 param="model",
                 code="model_not_found",
             )
+        return served
+
+    async def _count_tokens(self, receive: asgi.Receive, send: asgi.Send) -> None:
+        """Anthropic's ``/v1/messages/count_tokens``: the prompt's tokens, template included."""
+        body = await self._read_body(receive)
+        creq = parse_chat_request(anthropic.count_tokens_body(body))
+        served = self._served(creq.model)
+        prompt = await self._prompt_tokens(
+            served, creq, True, len(body), chat_generation_params(creq)
+        )
+        await asgi.send_json(send, 200, encode({"input_tokens": len(prompt)}))
+
+    async def _generate(
+        self,
+        scope: asgi.Scope,
+        receive: asgi.Receive,
+        send: asgi.Send,
+        endpoint: str,
+        ctx: dict[str, Any],
+        traceparent: str,
+    ) -> None:
+        accepted = time.monotonic()
+        body = await self._read_body(receive)
+        chat = endpoint != "completions"
+        original: dict[str, Any] = {}  # a Responses / Messages body, as sent
+        creq: ChatCompletionRequest | CompletionRequest
+        if endpoint == "completions":
+            creq = parse_completion_request(body)
+            params = completion_generation_params(creq)
+        else:
+            if endpoint in ("messages", "responses"):
+                translate = (
+                    anthropic.to_chat_body if endpoint == "messages" else responses_api.to_chat_body
+                )
+                body, original = translate(body)
+            creq = parse_chat_request(body)
+            params = chat_generation_params(creq)
+        served = self._served(creq.model)
         ctx["model"] = creq.model  # a served model: a bounded label value
         card = served.card
         outputs = [self._choice_output(card, params, chat) for _ in range(params.n)]
@@ -331,7 +375,7 @@ class Frontend:
             card.context_length,
             prompt_param="messages" if chat else "prompt",
         )
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{ctx['request_id']}"
+        rid = f"{_ID_PREFIX[endpoint]}-{ctx['request_id']}"
         ctx.update(request_id=rid, model=creq.model, prompt_tokens=len(prompt))
         special = served.tokenizer.special_tokens
         keep_special = any(m in special for o in outputs[:1] for m in o.markers)
@@ -353,7 +397,7 @@ class Frontend:
         lp = None
         if params.logprobs is not None or params.prompt_logprobs is not None:
             lp = _Logprobs(params.logprobs, params.prompt_logprobs, chat, served.token_text)
-        shape = (ChatShape if chat else CompletionShape)(rid, int(time.time()), creq.model)
+        shape = _shape(endpoint, rid, creq.model, original, len(prompt))
         self.metrics.in_flight.inc()
         self._active += 1
         status = "ok"
@@ -636,36 +680,36 @@ class Frontend:
     async def _stream(
         self,
         send: asgi.Send,
-        shape: ChatShape,
+        shape: Shape,
         choices: list[_Choice],
         include_usage: bool,
         prompt_len: int,
         lp: _Logprobs | None,
     ) -> None:
         await asgi.start_sse(send)
-        for i in range(len(choices)):
-            head = shape.role_chunk(i)
-            if head:
-                await asgi.send_sse(send, head)
+        head = shape.start(len(choices))
+        if head:
+            await asgi.send_sse(send, head)
         pending: list[bytes] = []  # events already here go out in one write
         async for i, delta, reason, logprobs in self._chunks(choices, lp):
             if reason == "error":
                 err = OpenAIError(500, choices[i].error or "generation failed", type="server_error")
-                pending.append(b"data: " + err.body() + b"\n\n")
+                pending.append(shape.error(err))
             elif delta or reason is not None or logprobs:
+                if reason is not None:
+                    shape.finish(reason, choices[i].stops.matched)
                 pending.append(shape.delta_chunk(i, delta, reason, logprobs))
             if pending and not any(c.gen.queue.qsize() for c in choices):
                 await asgi.send_sse(send, b"".join(pending))
                 pending.clear()
         if pending:
             await asgi.send_sse(send, b"".join(pending))
-        tail = shape.usage_chunk(self._usage(choices, prompt_len)) if include_usage else b""
-        await asgi.end_sse(send, tail + DONE)
+        await asgi.end_sse(send, shape.end(self._usage(choices, prompt_len), include_usage))
 
     async def _collect(
         self,
         send: asgi.Send,
-        shape: ChatShape,
+        shape: Shape,
         choices: list[_Choice],
         prompt_len: int,
         lp: _Logprobs | None,
@@ -674,8 +718,10 @@ class Frontend:
             pass
         failed = [c.error for c in choices if c.error]
         if failed:
-            await asgi.send_json(send, 500, OpenAIError(500, failed[0], type="server_error").body())
+            err = OpenAIError(500, failed[0], type="server_error")
+            await asgi.send_json(send, 500, shape.error_json(err))
             return
+        shape.finish(choices[0].reason, choices[0].stops.matched)
         full = [
             FullChoice(
                 "".join(c.text),
@@ -738,6 +784,20 @@ class Frontend:
                 await self.nc.publish(self.subjects.obs(model), wire_encode(obs))
             except Exception as exc:
                 log.warning("observation_publish_failed", request_id=gen.request_id, error=str(exc))
+
+
+Shape = ChatShape | MessagesShape | ResponsesShape
+
+
+def _shape(endpoint: str, rid: str, model: str, original: dict[str, Any], prompt_len: int) -> Shape:
+    created = int(time.time())
+    if endpoint == "messages":
+        shape = MessagesShape(rid, created, model)
+        shape.prompt_tokens = prompt_len
+        return shape
+    if endpoint == "responses":
+        return ResponsesShape(rid, created, model, original)
+    return (ChatShape if endpoint == "chat" else CompletionShape)(rid, created, model)
 
 
 def _full_logprobs(c: _Choice, lp: _Logprobs | None) -> Any:

@@ -434,6 +434,17 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     return req
 
 
+def decode_object(body: bytes) -> dict[str, Any]:
+    """A body that must be a JSON object, as a dict (the other APIs' bodies)."""
+    data = _decode(body, _object_decoder)
+    if not isinstance(data, dict):
+        raise _bad(None, "Request body must be a JSON object.")
+    return data
+
+
+_object_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
+
+
 def _decode(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
     if not body.strip():
         raise _bad(None, "Request body is empty; expected a JSON object.")

@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from router.frontend.openai_protocol import OpenAIError
 from router.frontend.output import Delta, OutCall
 
 _json = msgspec.json.Encoder()
@@ -50,6 +51,24 @@ class ChatShape:
     def __init__(self, rid: str, created: int, model: str) -> None:
         self.head = {"id": rid, "object": self.object_chunk, "created": created, "model": model}
         self.rid, self.created, self.model = rid, created, model
+
+    def start(self, n: int) -> bytes:
+        """What a stream opens with (the role chunk of each choice)."""
+        return b"".join(self.role_chunk(i) for i in range(n))
+
+    def finish(self, reason: str | None, stop_string: str | None) -> None:
+        """A choice ended (chat shapes need nothing more than the finish_reason)."""
+
+    def error(self, err: OpenAIError) -> bytes:
+        """An error once the stream has begun: an OpenAI error object as a data line."""
+        return b"data: " + err.body() + b"\n\n"
+
+    @staticmethod
+    def error_json(err: OpenAIError) -> bytes:
+        return err.body()
+
+    def end(self, usage: dict[str, Any], include_usage: bool) -> bytes:
+        return (self.usage_chunk(usage) if include_usage else b"") + DONE
 
     def role_chunk(self, index: int) -> bytes:
         delta = {"role": "assistant", "content": ""}

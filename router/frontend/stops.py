@@ -11,13 +11,14 @@ from collections.abc import Sequence
 
 
 class StopMatcher:
-    __slots__ = ("_held", "_max_len", "_stops", "stopped")
+    __slots__ = ("_held", "_max_len", "_stops", "matched", "stopped")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._max_len = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         """Return the text safe to emit now; sets ``stopped`` when a stop string matched."""
@@ -26,8 +27,10 @@ class StopMatcher:
         if not self._stops:
             return text
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
+        found = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
+        cut = min(found)[0] if found else -1
         if cut >= 0:
+            self.matched = min(found)[1]
             self.stopped = True
             self._held = ""
             return buf[:cut]

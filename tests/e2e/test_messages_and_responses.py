@@ -1,0 +1,256 @@
+"""Anthropic Messages (with the official anthropic client) and OpenAI Responses (with the openai
+client) against a real fleet: the same generation path as chat, shaped as each API says."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from tests.e2e.test_openai_surface import TOOLS, WEATHER
+
+pytestmark = pytest.mark.integration
+
+MODEL = "jetfleet-tiny"
+ANTHROPIC_TOOLS = [
+    {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]} for t in TOOLS
+]
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+@pytest.fixture
+def claude(fleet) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=fleet.base_url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def client(fleet) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{fleet.base_url}/v1", api_key="unused", max_retries=0)
+
+
+# ---------------------------------------------------------------------------- messages
+def test_messages_whole_and_streamed_agree(claude):
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 24,
+        "system": "Be brief.",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "extra_body": {"seed": 5},
+    }
+    whole = claude.messages.create(**args)
+    assert whole.type == "message" and whole.role == "assistant" and whole.model == MODEL
+    assert whole.id.startswith("msg_") and whole.stop_reason == "max_tokens"
+    [block] = whole.content
+    assert block.type == "text" and len(block.text) > 0
+    assert whole.usage.output_tokens == 24
+    assert whole.usage.input_tokens + (whole.usage.cache_read_input_tokens or 0) > 5
+    with claude.messages.stream(**args) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == block.text == final.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 24
+
+
+def test_messages_stop_sequences(claude):
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": "Count"}],
+        "extra_body": {"seed": 8},
+    }
+    text = claude.messages.create(**args).content[0].text
+    stop = text[20:22]
+    r = claude.messages.create(**args, stop_sequences=[stop])
+    assert (r.stop_reason, r.stop_sequence) == ("stop_sequence", stop)
+    assert r.content[0].text == text[: text.index(stop)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_tool_use(claude, stream):
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 300,
+        "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "tools": ANTHROPIC_TOOLS,
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    }
+    if stream:
+        with claude.messages.stream(**args) as s:
+            message = s.get_final_message()
+    else:
+        message = claude.messages.create(**args)
+    assert message.stop_reason == "tool_use"
+    [use] = [b for b in message.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.id.startswith("toolu_")
+    jsonschema.validate(use.input, WEATHER)
+
+
+def test_a_coding_agent_turn_runs_through_messages(claude):
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Fix the build."}]
+    first = claude.messages.create(
+        model=MODEL,
+        max_tokens=300,
+        system="You are a coding agent.",
+        messages=messages,
+        tools=ANTHROPIC_TOOLS,
+        tool_choice={"type": "any"},
+    )
+    use = next(b for b in first.content if b.type == "tool_use")
+    messages.append({"role": "assistant", "content": [b.model_dump() for b in first.content]})
+    messages.append(
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "ok: 3 hits"}],
+        }
+    )
+    with claude.messages.stream(
+        model=MODEL,
+        max_tokens=16,
+        system="You are a coding agent.",
+        messages=messages,
+        tools=ANTHROPIC_TOOLS,
+    ) as stream:
+        answer = "".join(stream.text_stream)
+    assert len(answer) > 0
+
+
+def test_count_tokens_matches_the_chat_prompt(claude, client):
+    messages = [{"role": "user", "content": "How many tokens is this?"}]
+    counted = claude.messages.count_tokens(model=MODEL, system="S", messages=messages)
+    chat = client.chat.completions.create(
+        model=MODEL, max_tokens=1, messages=[{"role": "system", "content": "S"}, *messages]
+    )
+    assert counted.input_tokens == chat.usage.prompt_tokens
+
+
+def test_messages_errors_are_anthropic_shaped(claude, fleet):
+    with pytest.raises(anthropic.BadRequestError) as err:
+        claude.messages.create(
+            model=MODEL, max_tokens=0, messages=[{"role": "user", "content": "x"}]
+        )
+    assert err.value.body["type"] == "error"
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in err.value.body["error"]["message"]
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.create(
+            model="nope", max_tokens=4, messages=[{"role": "user", "content": "x"}]
+        )
+    with pytest.raises(anthropic.BadRequestError, match="image"):
+        claude.messages.create(
+            model=MODEL,
+            max_tokens=4,
+            messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}],
+        )
+
+
+# --------------------------------------------------------------------------- responses
+def test_responses_whole_and_streamed_agree(client):
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hello"}]}],
+        "max_output_tokens": 20,
+        "extra_body": {"seed": 3},
+    }
+    r = client.responses.create(**args)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    [item] = r.output
+    assert item.type == "message" and item.role == "assistant"
+    assert r.output_text == item.content[0].text and len(r.output_text) > 0
+    assert r.usage.output_tokens == 20 and r.usage.input_tokens > 0
+
+    events = list(client.responses.create(**args, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == r.output_text == events[-1].response.output_text
+
+
+def test_responses_with_tools_and_an_agent_turn(client):
+    first = client.responses.create(
+        model=MODEL,
+        input="Weather in Lima?",
+        tools=RESPONSES_TOOLS,
+        tool_choice="required",
+        max_output_tokens=300,
+    )
+    [call] = [i for i in first.output if i.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), dict(TOOLS_BY_NAME[call.name]))
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input=[
+                {"role": "user", "content": "Weather in Lima?"},
+                {
+                    "type": "function_call",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                },
+                {"type": "function_call_output", "call_id": call.call_id, "output": "18C"},
+            ],
+            tools=RESPONSES_TOOLS,
+            max_output_tokens=12,
+            stream=True,
+        )
+    )
+    assert events[-1].response.output_text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_named_tool_streams_a_function_call(client, stream):
+    args: dict[str, Any] = {
+        "model": MODEL,
+        "input": "Weather?",
+        "tools": RESPONSES_TOOLS,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "max_output_tokens": 300,
+    }
+    if stream:
+        events = list(client.responses.create(**args, stream=True))
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        response = events[-1].response
+        assert len(done) == 1 and response.status == "completed"
+    else:
+        response = client.responses.create(**args)
+    [call] = [i for i in response.output if i.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
+def test_responses_text_format_json_schema(client):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    r = client.responses.create(
+        model=MODEL,
+        input="A number",
+        text={"format": {"type": "json_schema", "name": "num", "schema": schema}},
+        max_output_tokens=100,
+    )
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+def test_responses_refusals(client):
+    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+        client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
+    with pytest.raises(openai.BadRequestError, match="web_search"):
+        client.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
+
+
+TOOLS_BY_NAME = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
