@@ -63,6 +63,7 @@ class LocalModel:
     block_size: int  # tokens per KV block
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    hidden_size: int = 0  # config.json's hidden_size (d_model, n_embd): the embedding size
 
 
 def default_model_dir() -> Path:
@@ -108,7 +109,18 @@ def load_model_dir(
         block_size=block_size,
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
+        hidden_size=_hidden_size(cfg),
     )
+
+
+def _hidden_size(cfg: dict[str, Any]) -> int:
+    text_cfg = cfg.get("text_config")
+    for source in (cfg, text_cfg if isinstance(text_cfg, dict) else {}):
+        for key in ("hidden_size", "d_model", "n_embd"):
+            value = source.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return 0
 
 
 def _parser(ours: dict[str, Any], key: str, known: tuple[str, ...]) -> str | None:
@@ -116,8 +128,11 @@ def _parser(ours: dict[str, Any], key: str, known: tuple[str, ...]) -> str | Non
     return value if isinstance(value, str) and value else None
 
 
-def to_model_card(local: LocalModel, tokenizer_object: str) -> ModelCard:
-    """The wire card; ``tokenizer_object`` names ``tokenizer.json`` in the object store."""
+def to_model_card(
+    local: LocalModel, tokenizer_object: str, tasks: tuple[str, ...] = ("generate",)
+) -> ModelCard:
+    """The wire card; ``tokenizer_object`` names ``tokenizer.json`` in the object store;
+    ``tasks`` are what the worker's engine answers."""
     return ModelCard(
         name=local.name,
         context_length=local.context_length,
@@ -131,6 +146,8 @@ def to_model_card(local: LocalModel, tokenizer_object: str) -> ModelCard:
         created_at_s=time.time(),
         tool_call_parser=local.tool_call_parser,
         reasoning_parser=local.reasoning_parser,
+        tasks=tasks,
+        hidden_size=local.hidden_size,
     )
 
 

@@ -54,4 +54,6 @@ class ModelCard(msgspec.Struct, frozen=True, omit_defaults=True):
     created_at_s: float = 0.0
     tool_call_parser: str | None = None  # how the model writes tool calls (hermes, ...)
     reasoning_parser: str | None = None  # how it writes reasoning (deepseek_r1, qwen3)
+    tasks: tuple[str, ...] = ("generate",)  # what its workers answer: "generate", "embed"
+    hidden_size: int = 0  # the embedding size (0: unknown)
     v: int = 1

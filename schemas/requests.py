@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-REQUEST_VERSION = 2  # 2: logprobs, prompt_logprobs, structured (a worker refuses a newer version)
+REQUEST_VERSION = 2  # 2: logprobs, structured output, embeddings (a newer version is refused)
 
 
 class StructuredOutput(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -96,6 +96,8 @@ class Request(msgspec.Struct, frozen=True, omit_defaults=True):
     lora_name: str | None = None
     detokenize: bool = True  # worker fills TokenChunk.text
     skip_special_tokens: bool = True  # False: special tokens stay in the text (tool-call markers)
+    task: str = "generate"  # "generate" | "embed" (the final chunk carries the prompt's embedding)
+    dimensions: int | None = None  # embed: the vector's length (None: the model's hidden size)
     route: RouteDecision | None = None
     kv_transfer_params: dict[str, object] | None = None  # disaggregation (prefill -> decode)
 

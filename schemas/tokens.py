@@ -52,4 +52,5 @@ class TokenChunk(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     # None: nothing precedes it). Optional: readers that never ask never see them (version 1).
     logprobs: tuple[TokenLogprob, ...] | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    embedding: tuple[float, ...] | None = None  # task "embed": on the final chunk
     v: int = TOKEN_CHUNK_VERSION

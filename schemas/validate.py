@@ -63,6 +63,10 @@ def request_problem(req: Request, vocab_size: int | None = None) -> str | None:
     low, high = min(req.token_ids), max(req.token_ids)
     if low < 0 or high >= limit:
         return f"token ids must be in [0, {limit}), got [{low}, {high}]"
+    if req.task not in ("generate", "embed"):
+        return f"task must be 'generate' or 'embed', got {req.task!r}"
+    if req.dimensions is not None and req.dimensions < 1:
+        return f"dimensions must be >= 1, got {req.dimensions}"
     if req.attempt < 0 or not 0 <= req.num_generated_before <= len(req.token_ids):
         return "attempt and num_generated_before must be >= 0 (and within token_ids)"
     return sampling_problem(req.sampling)

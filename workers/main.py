@@ -34,9 +34,10 @@ class EngineChoice:
     vllm: VllmEngineConfig | None = None  # from the --vllm-* flags (no vllm import needed)
 
 
-def build_engine(choice: EngineChoice, tokenizer: ModelTokenizer) -> Engine:
+def build_engine(choice: EngineChoice, tokenizer: ModelTokenizer, hidden_size: int = 0) -> Engine:
     if choice.kind == "mocker":
-        return MockerEngine(choice.mocker, tokenizer.text_safe_token_ids(), tokenizer.encode)
+        vocab = tokenizer.text_safe_token_ids()
+        return MockerEngine(choice.mocker, vocab, tokenizer.encode, hidden_size)
     if choice.kind == "vllm":
         from workers.engines.vllm.engine import VllmEngine  # vLLM itself: optional extra, GPU
 
@@ -53,7 +54,7 @@ async def run_worker(
     tokenizer = ModelTokenizer(
         local.tokenizer_json, local.chat_template, local.bos_token, local.eos_token
     )
-    engine = build_engine(choice, tokenizer)
+    engine = build_engine(choice, tokenizer, local.hidden_size)
     nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}")
     js = nc.jetstream()
     await ensure_topology(js, cfg.subjects)

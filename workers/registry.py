@@ -44,7 +44,7 @@ class Registry:
             await store.get_info(obj_name)
         except Exception:  # not there yet
             await store.put(obj_name, local.tokenizer_json)
-        card = to_model_card(local, obj_name)
+        card = to_model_card(local, obj_name, self.engine.tasks)
         models = await self.js.key_value(s.bucket_name(MODELS_BUCKET))
         await models.put(model_token(local.name), encode(card))
         return card

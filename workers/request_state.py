@@ -24,6 +24,7 @@ class ActiveRequest:
         "_pending_tokens",
         "_prompt_logprobs",
         "cached_tokens",
+        "embedding",
         "error",
         "final_sent",
         "finish_reason",
@@ -66,6 +67,7 @@ class ActiveRequest:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.kv_transfer_params: dict[str, object] | None = None
+        self.embedding: tuple[float, ...] | None = None
         self.started_at = started_at
         self.final_sent = False
 
@@ -93,6 +95,7 @@ class ActiveRequest:
             self.finish_reason = output.finish_reason
             self.error = output.error
             self.kv_transfer_params = output.kv_transfer_params
+            self.embedding = output.embedding
         self._on_ready(self, first or output.finished)
 
     def has_pending(self) -> bool:
@@ -125,6 +128,7 @@ class ActiveRequest:
             kv_transfer_params=self.kv_transfer_params if final else None,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            embedding=self.embedding if final else None,
         )
         self.next_index += 1
         if final:

@@ -237,6 +237,8 @@ class WorkerRuntime:
                 lora_name=req.lora_name,
                 kv_transfer_params=req.kv_transfer_params,
                 num_generated_before=req.num_generated_before,
+                task=req.task,
+                dimensions=req.dimensions,
             ),
             ar,
         )

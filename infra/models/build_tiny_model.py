@@ -100,6 +100,7 @@ def build(out: Path) -> None:
                 "model_type": "jetfleet-tiny",
                 "architectures": ["JetfleetTinyForCausalLM"],
                 "max_position_embeddings": CONTEXT,
+                "hidden_size": 64,  # the mocker's embeddings have this many dimensions
                 "vocab_size": tok.get_vocab_size(),
                 "bos_token_id": tok.token_to_id("<|begin_of_text|>"),
                 "eos_token_id": tok.token_to_id("<|im_end|>"),

@@ -17,6 +17,7 @@ from model.structured import Unsatisfiable, instance, problem, render
 from schemas import SamplingParams, StructuredOutput
 from tests.unit.mocker_utils import add_and_run, make_config, make_request, make_scheduler
 from workers.engine import EngineOutput, EngineRequest
+from workers.engines.mocker.embedding import embedding
 from workers.engines.mocker.engine import MockerEngine, vocabulary_token_source
 from workers.engines.mocker.logprobs import chosen_probability, prompt_logprobs, token_logprob
 
@@ -209,5 +210,44 @@ async def test_the_engine_sends_logprobs_for_every_token_and_the_prompt_once() -
         bad = msgspec.structs.replace(sp, structured=StructuredOutput(regex="a+"))
         [failed] = await _generate(engine, EngineRequest("b", (1,), bad))
         assert failed.finish_reason == "error" and "regex" in (failed.error or "")
+    finally:
+        await engine.stop()
+
+
+# ---------------------------------------------------------------------------- embeddings
+def test_an_embed_sequence_computes_its_prompt_and_emits_no_token() -> None:
+    sched = make_scheduler()
+    req = replace(make_request("e", 9, max_tokens=1), embed=True)
+    run = add_and_run(sched, req)
+    assert (run.tokens["e"], run.finish["e"]) == ([], "stop")
+    assert sum(len(s.outputs) for s in run.steps) == 1
+    assert run.steps[0].num_prefill_tokens == 9
+    again = add_and_run(sched, replace(req, request_id="e2"))
+    assert again.cached["e2"] == 8  # its full blocks stayed in the prefix cache
+
+
+def test_embedding_vectors() -> None:
+    v = embedding((1, 2, 3), 32)
+    assert len(v) == 32 and sum(x * x for x in v) == pytest.approx(1.0)
+    assert embedding((1, 2, 3), 32) == v != embedding((1, 2, 4), 32)
+    short = embedding((1, 2, 3), 32, 4)
+    assert len(short) == 4 and sum(x * x for x in short) == pytest.approx(1.0)
+    assert [x / short[0] for x in short] == pytest.approx([x / v[0] for x in v[:4]])
+    with pytest.raises(ValueError, match="dimensions"):
+        embedding((1,), 32, 33)
+
+
+async def test_the_engine_answers_embeddings() -> None:
+    engine = MockerEngine(make_config(speedup=1000.0), VOCAB, hidden_size=16)
+    await engine.start(lambda events: None)
+    try:
+        sp = SamplingParams(max_tokens=1)
+        [out] = await _generate(engine, EngineRequest("e", (5, 6, 7), sp, task="embed"))
+        assert out.finish_reason == "stop" and out.new_token_ids == ()
+        assert out.embedding == embedding((5, 6, 7), 16)
+        [short] = await _generate(engine, EngineRequest("s", (5,), sp, task="embed", dimensions=4))
+        assert short.embedding is not None and len(short.embedding) == 4
+        [bad] = await _generate(engine, EngineRequest("b", (5,), sp, task="embed", dimensions=17))
+        assert bad.finish_reason == "error" and "at most 16" in (bad.error or "")
     finally:
         await engine.stop()

@@ -92,6 +92,19 @@ class FakeLLM:
                 raise item
             yield item
 
+    async def encode(
+        self, prompt: Any, pooling_params: Any, request_id: str, lora_request: Any = None
+    ) -> AsyncIterator[Any]:
+        self.calls.append(
+            {"prompt": prompt, "params": pooling_params, "id": request_id, "lora": lora_request}
+        )
+        q = self.queue(request_id)
+        while True:
+            item = await q.get()
+            if item is END:
+                return
+            yield item
+
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
 
@@ -158,6 +171,9 @@ class FakeBackend:
 
     def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
         return {"prompt_token_ids": list(token_ids)}
+
+    def pooling_params(self, dimensions: int | None) -> Any:
+        return {"task": "embed", "dimensions": dimensions}
 
     def lora_request(self, name: str, lora_id: int, path: str) -> Any:
         return ("lora", name, lora_id, path)
@@ -259,6 +275,27 @@ async def test_a_constraint_goes_under_the_releases_name() -> None:
         await submitted(engine, backend, EngineRequest("r", (5,), sp))
         assert backend.llm.calls[0]["params"][name] == {"json": schema}
         await engine.stop()
+
+
+async def test_an_embedding_worker_encodes_and_a_generating_one_refuses() -> None:
+    engine, backend = await started(extra_engine_args={"runner": "pooling"})
+    assert engine.tasks == ("embed",)
+    req = EngineRequest("e", (5, 6), SamplingParams(max_tokens=1), task="embed", dimensions=3)
+    sink = await submitted(engine, backend, req)
+    assert backend.llm.calls[0]["params"] == {"task": "embed", "dimensions": 3}
+    pooled = SimpleNamespace(data=SimpleNamespace(tolist=lambda: [0.6, 0.0, 0.8]))
+    await push(backend, SimpleNamespace(outputs=pooled, finished=True, num_cached_tokens=0))
+    await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    assert sink.final is not None and sink.final.embedding == (0.6, 0.0, 0.8)
+    assert sink.final.finish_reason == "stop"
+    generate = EngineRequest("g", (5,), SamplingParams(max_tokens=1))
+    refused = Sink()
+    engine.add_request(generate, refused)
+    assert refused.final is not None and "does not generate" in (refused.final.error or "")
+    await engine.stop()
+    plain, _ = await started()
+    assert plain.tasks == ("generate",)
+    await plain.stop()
 
 
 async def test_delta_outputs_go_to_the_sink_in_order() -> None:

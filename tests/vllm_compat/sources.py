@@ -44,6 +44,7 @@ TEXT_FILES = (
     "vllm/v1/engine/core.py",
     "vllm/v1/metrics/stats.py",
     "vllm/outputs.py",
+    "vllm/pooling_params.py",
     "vllm/engine/arg_utils.py",
     "vllm/config/kv_events.py",
     "vllm/config.py",  # 0.10.0: one module, KVEventsConfig inside

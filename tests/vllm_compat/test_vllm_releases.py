@@ -344,6 +344,7 @@ def _text(release: str, name: str) -> ast.Module:
 ASYNC_LLM_CALLS = {
     "from_engine_args": {"stat_loggers"},
     "generate": {"prompt", "sampling_params", "request_id", "lora_request"},
+    "encode": {"lora_request"},  # and (prompt, pooling_params, request_id) by position
     "abort": set(),
     "check_health": set(),
     "is_sleeping": set(),
@@ -365,6 +366,14 @@ def test_async_llm_has_every_call_the_adapter_makes(vllm: SimpleNamespace) -> No
         args = methods[name].args
         have = {a.arg for a in args.args + args.kwonlyargs}
         assert params <= have, f"AsyncLLM.{name} of vllm {vllm.release} lacks {params - have}"
+    positional = [a.arg for a in methods["encode"].args.args[1:4]]
+    assert positional == ["prompt", "pooling_params", "request_id"]
+
+
+def test_pooling_params_take_what_the_backend_sets(vllm: SimpleNamespace) -> None:
+    """``PoolingParams(task="embed", dimensions=...)``: both fields in every release."""
+    tree = _text(vllm.release, "vllm/pooling_params.py")
+    assert {"task", "dimensions"} <= _fields(_class(tree, "PoolingParams"))
 
 
 def test_reset_and_sleep_behave_as_versions_py_says(release: SimpleNamespace) -> None:

@@ -32,6 +32,7 @@ from workers.engine import (
     OutputSink,
 )
 from workers.engines.mocker.config import MockerConfig
+from workers.engines.mocker.embedding import embedding
 from workers.engines.mocker.logprobs import prompt_logprobs, token_logprob
 from workers.engines.mocker.scheduler import Scheduler, SeqOutput, SeqRequest
 
@@ -71,15 +72,18 @@ class _Logprobs:
 
 class MockerEngine:
     name = "mocker"
+    tasks: tuple[str, ...] = ("generate", "embed")
 
     def __init__(
         self,
         config: MockerConfig,
         vocab: tuple[int, ...],
         encode: Callable[[str], list[int]] | None = None,
+        hidden_size: int = 0,
     ) -> None:
         """``encode``: the model's tokenizer, for structured output (the text is generated as
-        the tokens of a schema instance); without it structured requests fail."""
+        the tokens of a schema instance); without it structured requests fail. ``hidden_size``:
+        the length of its embeddings (0: the model's config does not say; 1024 then)."""
         self.config = config
         self.max_num_seqs = config.max_num_seqs
         self.num_gpu_blocks = config.num_gpu_blocks
@@ -88,6 +92,8 @@ class MockerEngine:
         self._scheduler = Scheduler(config, self._source)
         self._encode = encode
         self._logprobs: dict[str, _Logprobs] = {}
+        self.hidden_size = hidden_size or 1024
+        self._embeds: dict[str, tuple[tuple[int, ...], int | None]] = {}
         self._sinks: dict[str, OutputSink] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -117,6 +123,12 @@ class MockerEngine:
             except Unsatisfiable as exc:
                 sink.on_output(EngineOutput(rid, (), True, "error", error=f"mocker: {exc}"))
                 return
+        if request.task == "embed":
+            if request.dimensions is not None and request.dimensions > self.hidden_size:
+                error = f"dimensions must be at most {self.hidden_size}, got {request.dimensions}"
+                sink.on_output(EngineOutput(rid, (), True, "error", error=error))
+                return
+            self._embeds[rid] = (tuple(request.token_ids), request.dimensions)
         if sp.logprobs is not None or sp.prompt_logprobs is not None:
             prompt = tuple(request.token_ids) if sp.prompt_logprobs is not None else None
             self._logprobs[rid] = _Logprobs(
@@ -132,6 +144,7 @@ class MockerEngine:
                 lora_name=request.lora_name,
                 first_position=request.num_generated_before,
                 forced=forced,
+                embed=request.task == "embed",
             )
         )
         self._wake.set()
@@ -148,6 +161,7 @@ class MockerEngine:
     def abort(self, request_id: str) -> bool:
         sink = self._sinks.pop(request_id, None)
         self._logprobs.pop(request_id, None)
+        self._embeds.pop(request_id, None)
         found = self._scheduler.abort(request_id)
         self._flush_kv_events()
         if sink is not None:
@@ -217,6 +231,11 @@ class MockerEngine:
                 logprobs, prompt_lps = self._logprobs_of(out, lp)
                 if out.finished:
                     del self._logprobs[out.request_id]
+            vector = None
+            if out.finished and self._embeds:
+                embed = self._embeds.pop(out.request_id, None)
+                if embed is not None and out.finish_reason == "stop":
+                    vector = embedding(embed[0], self.hidden_size, embed[1])
             sink.on_output(
                 EngineOutput(
                     request_id=out.request_id,
@@ -227,6 +246,7 @@ class MockerEngine:
                     num_cached_tokens=out.num_cached_tokens,
                     logprobs=logprobs,
                     prompt_logprobs=prompt_lps,
+                    embedding=vector,
                 )
             )
 
@@ -273,5 +293,6 @@ class MockerEngine:
         for rid in list(self._sinks):
             self._scheduler.abort(rid)
             self._logprobs.pop(rid, None)
+            self._embeds.pop(rid, None)
             sink = self._sinks.pop(rid)
             sink.on_output(EngineOutput(rid, (), True, "error", error=reason))

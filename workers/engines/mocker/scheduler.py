@@ -18,7 +18,8 @@ Each step, with a token budget of ``max_num_batched_tokens``:
    cache (``BlockStored``). A sequence whose tokens are all computed samples one token from
    ``token_source(seed, position)`` — the first one in the step that completes its prefill —
    and finishes (``"length"``) after ``max_tokens`` tokens. A sequence with ``forced`` tokens
-   (structured output) emits those instead and finishes (``"stop"``) after the last one. The
+   (structured output) emits those instead and finishes (``"stop"``) after the last one; an
+   ``embed`` sequence finishes (``"stop"``, no token) once its prompt is computed. The
    step's simulated duration is ``timing.step_ms`` (see ``timing`` for how prefill and decode
    combine).
 
@@ -297,6 +298,13 @@ class Scheduler:
 
     def _sample(self, seq: Sequence) -> SeqOutput:
         req = seq.req
+        if req.embed:  # the prompt is computed: that is all an embedding needs
+            seq.status = SeqStatus.FINISHED
+            self.pool.free(seq.block_ids)
+            del self._seqs[seq.request_id]
+            return SeqOutput(
+                seq.request_id, (), True, "stop", seq.num_prompt, seq.num_cached_tokens, 0
+            )
         position = req.first_position + len(seq.output)
         stop = False
         if req.forced:

@@ -26,6 +26,7 @@ class SeqRequest:
     # Structured output: the whole text to generate (token ids); the sequence emits these in
     # order instead of sampling and finishes with "stop" after the last one.
     forced: tuple[int, ...] = ()
+    embed: bool = False  # an embedding: the prompt is computed, no token is generated
 
 
 class SeqStatus(Enum):

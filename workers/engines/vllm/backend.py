@@ -43,6 +43,9 @@ class VllmBackend(Protocol):
     def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
         """``vllm.inputs.TokensPrompt(prompt_token_ids=...)``."""
 
+    def pooling_params(self, dimensions: int | None) -> Any:
+        """``vllm.pooling_params.PoolingParams(task="embed", dimensions=...)``."""
+
     def lora_request(self, name: str, lora_id: int, path: str) -> Any:
         """``vllm.lora.request.LoRARequest(name, lora_id, path)``."""
 
@@ -97,6 +100,11 @@ class RealVllmBackend:
 
     def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
         return self._inputs.TokensPrompt(prompt_token_ids=list(token_ids))
+
+    def pooling_params(self, dimensions: int | None) -> Any:
+        """``vllm.PoolingParams(task="embed", dimensions=...)`` (both fields in every release)."""
+        pooling = importlib.import_module("vllm.pooling_params")
+        return pooling.PoolingParams(task="embed", dimensions=dimensions)
 
     def lora_request(self, name: str, lora_id: int, path: str) -> Any:
         return self._lora.LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)

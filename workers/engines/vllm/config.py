@@ -100,6 +100,17 @@ class VllmEngineConfig:
     extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Any other ``AsyncEngineArgs`` field, applied last (``--vllm-arg key=value``)."""
 
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """What the worker answers: an embedding model (``--vllm-arg runner=pooling``, or the
+        older ``task=embed`` / ``convert=embed``) embeds, any other generates."""
+        extra = self.extra_engine_args
+        pooling = extra.get("runner") == "pooling" or "embed" in (
+            extra.get("task"),
+            extra.get("convert"),
+        )
+        return ("embed",) if pooling else ("generate",)
+
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1 or self.tensor_parallel_size < 1:
             raise ValueError("block_size, max_num_seqs and tensor_parallel_size must be positive")

@@ -103,6 +103,7 @@ class VllmEngine:
         """Raises ``VllmNotInstalledError`` without a backend when vLLM is not installed."""
         self.config = config
         self._backend: VllmBackend = backend if backend is not None else RealVllmBackend()
+        self.tasks = config.tasks
         self.max_num_seqs = config.max_num_seqs
         self.block_size = config.block_size
         self.num_gpu_blocks = 0  # known once started
@@ -217,9 +218,16 @@ class VllmEngine:
         if rid in self._running:  # a newer attempt replaces the running one
             self.abort(rid)
         try:
+            if request.task not in self.tasks:
+                raise ValueError(
+                    f"this vLLM worker does not {request.task} (it serves {self.tasks})"
+                )
             lora = self._lora_request(request.lora_name)
-            new_names = self._features is None or self._features.structured_outputs
-            params = self._backend.sampling_params(sampling_kwargs(request, new_names))
+            if request.task == "embed":
+                params = self._backend.pooling_params(request.dimensions)
+            else:
+                new_names = self._features is None or self._features.structured_outputs
+                params = self._backend.sampling_params(sampling_kwargs(request, new_names))
         except Exception as exc:  # vLLM validates sampling params: a bad request, not a crash
             sink.on_output(EngineOutput(rid, (), True, "error", error=str(exc)))
             return
@@ -231,7 +239,8 @@ class VllmEngine:
         self._running[rid] = run
         self._pending_prefill_tokens += run.num_prompt_tokens
         prompt = self._backend.tokens_prompt(request.token_ids)
-        run.task = asyncio.create_task(self._generate(run, prompt, params, lora), name=run.vllm_id)
+        work = self._embed if request.task == "embed" else self._generate
+        run.task = asyncio.create_task(work(run, prompt, params, lora), name=run.vllm_id)
 
     def _lora_request(self, name: str | None) -> Any:
         if not name:
@@ -263,6 +272,48 @@ class VllmEngine:
             raise
         except Exception as exc:
             log.warning("vllm_request_failed", request_id=run.request_id, error=repr(exc))
+            self._finish(run, "error", f"{type(exc).__name__}: {exc}")
+
+    async def _embed(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
+        """``AsyncLLM.encode`` (same signature from 0.10 to 0.33): one pooled vector."""
+        try:
+            await self._awake.wait()
+            if self._llm is None:
+                raise RuntimeError("vLLM engine is not running")
+            outputs = self._llm.encode(prompt, params, run.vllm_id, lora_request=lora)
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    if self._running.get(run.request_id) is not run:
+                        return
+                    if not out.finished:
+                        continue
+                    del self._running[run.request_id]
+                    self._settle_prefill(run)
+                    data = out.outputs.data  # a tensor on vLLM's side: torch stays in vLLM
+                    vector = tuple(
+                        float(x) for x in (data.tolist() if hasattr(data, "tolist") else data)
+                    )
+                    cached = int(getattr(out, "num_cached_tokens", 0) or 0)
+                    run.sink.on_output(
+                        EngineOutput(
+                            run.request_id,
+                            (),
+                            True,
+                            "stop",
+                            num_prompt_tokens=run.num_prompt_tokens,
+                            num_cached_tokens=cached,
+                            embedding=vector,
+                        )
+                    )
+                    return
+            self._finish(run, "error", "vLLM ended the pooling stream before it finished")
+        except asyncio.CancelledError:
+            if self._llm is not None:
+                with contextlib.suppress(Exception):
+                    await self._llm.abort(run.vllm_id)
+            raise
+        except Exception as exc:
+            log.warning("vllm_embed_failed", request_id=run.request_id, error=repr(exc))
             self._finish(run, "error", f"{type(exc).__name__}: {exc}")
 
     def _deliver(self, run: _Running, out: Any) -> bool:

@@ -1,0 +1,81 @@
+"""``/v1/embeddings``: the request (OpenAI's shape) and the response. Pure.
+
+``input`` is a text, a list of texts, a list of token ids, or a list of those lists (at most
+``MAX_INPUTS``); each becomes one ``Request`` with ``task="embed"``, routed like any request.
+``encoding_format`` is ``float`` (lists) or ``base64`` (little-endian float32, what the official
+client asks for by default); ``dimensions`` shortens the vector where the model allows it.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any, Literal
+
+import msgspec
+
+from router.frontend.openai_protocol import OpenAIError, decode_with
+from router.frontend.responses import encode
+
+MAX_INPUTS = 2048
+
+
+class EmbeddingRequest(msgspec.Struct):
+    model: str
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = None
+    user: str | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each input, texts and token-id lists alike (``OpenAIError`` when malformed)."""
+        value = self.input
+        items: list[Any]
+        if isinstance(value, str) or (value and all(type(t) is int for t in value)):
+            items = [value]
+        else:
+            items = list(value)
+        if not items:
+            raise _bad("input must not be empty")
+        if len(items) > MAX_INPUTS:
+            raise _bad(f"input may hold at most {MAX_INPUTS} items, got {len(items)}")
+        for i, item in enumerate(items):
+            text = isinstance(item, str)
+            ids = isinstance(item, list) and all(type(t) is int and t >= 0 for t in item)
+            if not (text or ids) or not item:
+                raise _bad(f"input[{i}] must be a non-empty string or list of token ids")
+        return items
+
+
+def _bad(message: str, param: str = "input") -> OpenAIError:
+    return OpenAIError(400, message, param=param)
+
+
+_decoder = msgspec.json.Decoder(EmbeddingRequest)
+
+
+def parse_embedding_request(body: bytes) -> EmbeddingRequest:
+    req: EmbeddingRequest = decode_with(body, _decoder)
+    if not req.model:
+        raise _bad("model must be a non-empty string", "model")
+    if req.dimensions is not None and req.dimensions < 1:
+        raise _bad(f"dimensions must be at least 1, got {req.dimensions}", "dimensions")
+    req.inputs()
+    return req
+
+
+def _vector(values: tuple[float, ...], fmt: str | None) -> list[float] | str:
+    if fmt == "base64":
+        return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+    return list(values)
+
+
+def response_body(
+    model: str, vectors: list[tuple[float, ...]], fmt: str | None, prompt_tokens: int
+) -> bytes:
+    data = [
+        {"object": "embedding", "index": i, "embedding": _vector(v, fmt)}
+        for i, v in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+    return encode({"object": "list", "data": data, "model": model, "usage": usage})
