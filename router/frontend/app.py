@@ -30,6 +30,8 @@ from router.discovery import Discovery, ServedModel
 from router.frontend import anthropic, asgi, responses_api
 from router.frontend.anthropic import MessagesShape
 from router.frontend.anthropic import error_body as anthropic_error_body
+from router.frontend.embeddings import parse_embedding_request
+from router.frontend.embeddings import response_body as embedding_response
 from router.frontend.logprobs import CompletionLogprobs, chat_content, merge_completion
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.openai_protocol import (
@@ -219,6 +221,10 @@ class Frontend:
                 await self._generate(scope, receive, send, _ENDPOINTS[path], ctx, traceparent)
             elif path == "/v1/messages/count_tokens" and method == "POST":
                 await self._count_tokens(receive, send)
+            elif path == "/v1/embeddings":
+                if method != "POST":
+                    raise OpenAIError(405, f"Method {method} not allowed on {path}")
+                await self._embeddings(receive, send, ctx, traceparent)
             elif path == "/v1/models" and method == "GET":
                 await asgi.send_json(send, 200, encode(self._models_body()))
             elif path == "/health":
@@ -337,6 +343,127 @@ class Frontend:
             served, creq, True, len(body), chat_generation_params(creq)
         )
         await asgi.send_json(send, 200, encode({"input_tokens": len(prompt)}))
+
+    async def _embeddings(
+        self, receive: asgi.Receive, send: asgi.Send, ctx: dict[str, Any], traceparent: str
+    ) -> None:
+        accepted = time.monotonic()
+        body = await self._read_body(receive)
+        req = parse_embedding_request(body)
+        served = self._served(req.model)
+        card = served.card
+        ctx["model"] = req.model
+        if "embed" not in card.tasks:
+            raise OpenAIError(
+                400,
+                f"The model `{req.model}` does not serve embeddings (its workers serve "
+                f"{', '.join(card.tasks)}).",
+                param="model",
+            )
+        if req.dimensions is not None and card.hidden_size and req.dimensions > card.hidden_size:
+            raise OpenAIError(
+                400,
+                f"dimensions must be at most {card.hidden_size} for this model",
+                param="dimensions",
+            )
+        prompts = await asyncio.gather(
+            *(self._embedding_tokens(served, item, len(body)) for item in req.inputs())
+        )
+        rid = f"embd-{ctx['request_id']}"
+        now = time.time()
+        requests = [
+            Request(
+                request_id=rid if len(prompts) == 1 else f"{rid}-{i}",
+                model=req.model,
+                token_ids=tuple(prompt),
+                sampling=SamplingParams(max_tokens=1),
+                created_at_s=now,
+                detokenize=False,
+                task="embed",
+                dimensions=req.dimensions,
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+        total = sum(len(p) for p in prompts)
+        ctx.update(request_id=rid, prompt_tokens=total)
+        gens = await self._submit(req.model, rid, requests, card.block_size, traceparent)
+        status = "ok"
+        vectors: list[tuple[float, ...]] = []
+        error: str | None = None
+        try:
+            async with asgi.DisconnectWatcher(receive):
+                for gen in gens:
+                    async for chunk in gen:
+                        if chunk.finish_reason is None:
+                            continue
+                        if chunk.embedding is None:
+                            error = (
+                                chunk.error
+                                or f"the worker returned no embedding ({chunk.finish_reason})"
+                            )
+                        else:
+                            vectors.append(chunk.embedding)
+                    if error:
+                        break
+        except asyncio.CancelledError:
+            status = "cancelled"
+            for g in gens:
+                await g.cancel()
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        finally:
+            status = "error" if error and status == "ok" else status
+            self.metrics.requests.labels(req.model, "embeddings", status).inc()
+            ctx.update(outcome=status, worker_id=",".join(g.worker_id for g in gens))
+            for gen in gens:
+                await self._publish_observation(
+                    req.model,
+                    gen.observation(
+                        status=status,
+                        accepted=accepted,
+                        first_at=0.0,
+                        last_at=time.monotonic(),
+                        source=self.frontend_id,
+                        finish_reason="stop" if not error else "error",
+                        error=error,
+                    ),
+                )
+        if status == "cancelled":
+            return
+        if error:
+            raise OpenAIError(500, error, type="server_error")
+        await asgi.send_json(
+            send, 200, embedding_response(req.model, vectors, req.encoding_format, total)
+        )
+
+    async def _embedding_tokens(
+        self, served: ServedModel, item: str | list[int], size: int
+    ) -> list[int]:
+        tok = served.tokenizer
+        context = served.card.context_length
+        if isinstance(item, list):
+            if any(t >= tok.vocab_size for t in item):
+                raise OpenAIError(
+                    400, "input contains token ids outside the vocabulary", param="input"
+                )
+            ids = list(item)
+        else:
+            try:
+                ids = await self.tokenizer.tokenize(
+                    served.card.name, tok, lambda: item, context, size, idle=self._active == 0
+                )
+            except PromptTooLong as exc:
+                ids = [0] * exc.at_least
+        if len(ids) > context:
+            raise OpenAIError(
+                400,
+                f"This model's maximum context length is {context} tokens. However, an input "
+                f"has {len(ids)} tokens. Please reduce the length of the input.",
+                param="input",
+                code="context_length_exceeded",
+            )
+        return ids
 
     async def _generate(
         self,
@@ -522,43 +649,51 @@ class Frontend:
         traceparent: str,
         skip_special_tokens: bool = True,
     ) -> list[Generation]:
-        gens: list[Generation] = []
         now = time.time()
+        requests = [
+            Request(
+                request_id=rid if params.n == 1 else f"{rid}-{i}",
+                model=model,
+                token_ids=tuple(prompt),
+                sampling=SamplingParams(
+                    max_tokens=max_tokens,
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    seed=None if params.seed is None else params.seed + i,
+                    ignore_eos=params.ignore_eos,
+                    min_tokens=params.min_tokens,
+                    top_k=params.top_k,
+                    min_p=params.min_p,
+                    presence_penalty=params.presence_penalty,
+                    frequency_penalty=params.frequency_penalty,
+                    repetition_penalty=params.repetition_penalty,
+                    logprobs=params.logprobs,
+                    prompt_logprobs=params.prompt_logprobs,
+                    structured=params.structured,
+                ),
+                created_at_s=now,
+                skip_special_tokens=skip_special_tokens,
+            )
+            for i in range(params.n)
+        ]
+        return await self._submit(model, rid, requests, block_size, traceparent)
+
+    async def _submit(
+        self, model: str, rid: str, requests: list[Request], block_size: int, traceparent: str
+    ) -> list[Generation]:
+        """Route and publish every request, or none (503 when the fleet cannot take them)."""
+        gens: list[Generation] = []
         try:
-            for i in range(params.n):
-                seed = None if params.seed is None else params.seed + i
-                request = Request(
-                    request_id=rid if params.n == 1 else f"{rid}-{i}",
-                    model=model,
-                    token_ids=tuple(prompt),
-                    sampling=SamplingParams(
-                        max_tokens=max_tokens,
-                        temperature=params.temperature,
-                        top_p=params.top_p,
-                        seed=seed,
-                        ignore_eos=params.ignore_eos,
-                        min_tokens=params.min_tokens,
-                        top_k=params.top_k,
-                        min_p=params.min_p,
-                        presence_penalty=params.presence_penalty,
-                        frequency_penalty=params.frequency_penalty,
-                        repetition_penalty=params.repetition_penalty,
-                        logprobs=params.logprobs,
-                        prompt_logprobs=params.prompt_logprobs,
-                        structured=params.structured,
-                    ),
-                    created_at_s=now,
-                    skip_special_tokens=skip_special_tokens,
-                )
+            for request in requests:
                 gen = await self.client.generate(request, traceparent)
                 if gen.decision is not None:
-                    self.metrics.observe_route(gen.decision, len(prompt), block_size)
+                    self.metrics.observe_route(gen.decision, len(request.token_ids), block_size)
                 gens.append(gen)
         except (NoWorkersError, OverloadedError) as exc:
             for g in gens:
                 await g.cancel("shed")
             self.metrics.shed.labels(model).inc()
-            await self._observe_shed(rid, model, len(prompt))
+            await self._observe_shed(rid, model, len(requests[0].token_ids))
             raise OpenAIError(
                 503,
                 str(exc),
@@ -780,10 +915,13 @@ class Frontend:
                 finish_reason=c.reason,
                 error=c.error,
             )
-            try:
-                await self.nc.publish(self.subjects.obs(model), wire_encode(obs))
-            except Exception as exc:
-                log.warning("observation_publish_failed", request_id=gen.request_id, error=str(exc))
+            await self._publish_observation(model, obs)
+
+    async def _publish_observation(self, model: str, obs: RequestObservation) -> None:
+        try:
+            await self.nc.publish(self.subjects.obs(model), wire_encode(obs))
+        except Exception as exc:
+            log.warning("observation_publish_failed", request_id=obs.request_id, error=str(exc))
 
 
 Shape = ChatShape | MessagesShape | ResponsesShape

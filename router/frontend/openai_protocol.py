@@ -144,6 +144,7 @@ class CompletionRequest(_Common):
     logprobs: int | None = None  # [0, 20]: the sampled token's and this many top ones
     echo: bool | None = None  # the prompt before the completion (with its logprobs if asked)
     suffix: str | None = None  # refused unless empty
+    prompt_embeds: Any = None  # vLLM extension: refused (not carried on the wire yet)
 
     def prompt_value(self) -> str | list[int]:
         """The single prompt: text or token ids (``OpenAIError`` for batches)."""
@@ -429,9 +430,14 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     _check_common(req)
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise _bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}]")
-    _refuse(req, {"suffix": (None, "")})
+    _refuse(req, {"suffix": (None, ""), "prompt_embeds": (None,)})
     completion_generation_params(req)  # the constraint is checked here
     return req
+
+
+def decode_with(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """A body decoded by ``decoder``, every failure an ``OpenAIError`` naming the field."""
+    return _decode(body, decoder)
 
 
 def decode_object(body: bytes) -> dict[str, Any]:

@@ -254,3 +254,35 @@ def test_responses_refusals(client):
 
 
 TOOLS_BY_NAME = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+# -------------------------------------------------------------------------- embeddings
+def test_embeddings_are_deterministic_unit_vectors_of_the_hidden_size(client):
+    texts = ["the cat sat", "the dog ran", "the cat sat"]
+    r = client.embeddings.create(model=MODEL, input=texts)  # the client asks for base64
+    assert r.object == "list" and r.model == MODEL and [d.index for d in r.data] == [0, 1, 2]
+    vectors = [d.embedding for d in r.data]
+    assert all(len(v) == 64 for v in vectors)  # the shipped card's hidden_size
+    assert all(abs(sum(x * x for x in v) - 1) < 1e-5 for v in vectors)
+    assert vectors[0] == vectors[2] != vectors[1]
+    assert r.usage.prompt_tokens == r.usage.total_tokens == sum(len(t) for t in texts)
+    floats = client.embeddings.create(model=MODEL, input="the cat sat", encoding_format="float")
+    assert floats.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)
+    ids = client.embeddings.create(model=MODEL, input=[list(b"the cat sat")])
+    assert ids.data[0].embedding == vectors[0]  # the same tokens, the same vector
+
+
+def test_embeddings_dimensions_and_refusals(client):
+    short = client.embeddings.create(model=MODEL, input="abc", dimensions=8).data[0].embedding
+    full = client.embeddings.create(model=MODEL, input="abc").data[0].embedding
+    assert len(short) == 8 and abs(sum(x * x for x in short) - 1) < 1e-5
+    scale = full[0] / short[0]
+    assert [x * scale for x in short] == pytest.approx(full[:8], abs=1e-5)  # Matryoshka cut
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(model=MODEL, input="abc", dimensions=65)
+    with pytest.raises(openai.BadRequestError, match="input"):
+        client.embeddings.create(model=MODEL, input=[])
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.embeddings.create(model=MODEL, input="x" * 9000)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nope", input="abc")

@@ -13,8 +13,10 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from anthropic import Anthropic
 from openai import OpenAI
 
 from base.process import cli_command, wait_http_ok
@@ -147,14 +149,129 @@ def _readme_nats_snippet_streams(nats_url: str, tmp_path: Path) -> None:
     assert done.stdout.strip(), "the snippet printed the streamed text"
 
 
+AGENT_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
+
+
+def _an_agent_session_runs_on_every_endpoint(port: int) -> None:
+    """System prompt, tools, a call, its result, a streamed final answer: through chat
+    completions, Responses and Anthropic Messages of this ``up``; and an embedding."""
+    base = f"http://127.0.0.1:{port}"
+    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    system = {"role": "system", "content": "You are a coding agent."}
+    messages: list[dict[str, Any]] = [system, {"role": "user", "content": "Run the tests."}]
+    first = client.chat.completions.create(
+        model="jetfleet-tiny",
+        messages=messages,
+        tools=AGENT_TOOLS,
+        tool_choice="required",
+        max_tokens=200,
+    )
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "run_tests" and "path" in json.loads(call.function.arguments)
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "2 passed"},
+    ]
+    stream = client.chat.completions.create(
+        model="jetfleet-tiny", messages=messages, tools=AGENT_TOOLS, max_tokens=8, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    tools = [{"type": "function", **t["function"]} for t in AGENT_TOOLS]
+    r = client.responses.create(
+        model="jetfleet-tiny",
+        instructions="You are a coding agent.",
+        input="Run the tests.",
+        tools=tools,
+        tool_choice="required",
+        max_output_tokens=200,
+    )
+    fc = next(i for i in r.output if i.type == "function_call")
+    events = list(
+        client.responses.create(
+            model="jetfleet-tiny",
+            input=[
+                {"role": "user", "content": "Run the tests."},
+                {
+                    "type": "function_call",
+                    "call_id": fc.call_id,
+                    "name": fc.name,
+                    "arguments": fc.arguments,
+                },
+                {"type": "function_call_output", "call_id": fc.call_id, "output": "2 passed"},
+            ],
+            tools=tools,
+            max_output_tokens=8,
+            stream=True,
+        )
+    )
+    assert events[-1].response.output_text
+
+    claude = Anthropic(base_url=base, api_key="none", max_retries=0)
+    anthropic_tools = [
+        {"name": "run_tests", "input_schema": AGENT_TOOLS[0]["function"]["parameters"]}
+    ]
+    first_message = claude.messages.create(
+        model="jetfleet-tiny",
+        max_tokens=200,
+        system="You are a coding agent.",
+        messages=[{"role": "user", "content": "Run the tests."}],
+        tools=anthropic_tools,
+        tool_choice={"type": "any"},
+    )
+    use = next(b for b in first_message.content if b.type == "tool_use")
+    with claude.messages.stream(
+        model="jetfleet-tiny",
+        max_tokens=8,
+        system="You are a coding agent.",
+        tools=anthropic_tools,
+        messages=[
+            {"role": "user", "content": "Run the tests."},
+            {"role": "assistant", "content": [b.model_dump() for b in first_message.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "2 passed"}],
+            },
+        ],
+    ) as s:
+        assert "".join(s.text_stream)
+
+    vector = client.embeddings.create(model="jetfleet-tiny", input="hello").data[0].embedding
+    assert len(vector) == 64
+
+
 def test_up_stops_everything_when_its_output_pipe_is_gone(tmp_path: Path) -> None:
     """``jetfleet up | tee log`` and Ctrl-C: tee dies with the terminal's SIGINT, up's cleanup
     then writes to a closed pipe; it must still stop every process, the servers included."""
     port = free_port()
     argv = cli_command(
-        "up", "--workers", "1", "--no-planner", "--port", str(port), "--nats-port", "0",
-        "--redis-port", "0", "--state-dir", str(tmp_path / "state"), "--log-format", "console",
-    )  # fmt: skip
+        "up",
+        "--workers",
+        "1",
+        "--no-planner",
+        "--port",
+        str(port),
+        "--nats-port",
+        "0",
+        "--redis-port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--log-format",
+        "console",
+    )
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     seen = b""
@@ -185,10 +302,22 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
     port = free_port()
     out = tmp_path / "up.out"
     argv = cli_command(
-        "up", "--workers", "1", "--speedup", "20", "--port", str(port),
-        "--nats-port", "0", "--redis-port", "0", "--state-dir", str(tmp_path / "state"),
-        "--interval", "1",
-    )  # fmt: skip
+        "up",
+        "--workers",
+        "1",
+        "--speedup",
+        "20",
+        "--port",
+        str(port),
+        "--nats-port",
+        "0",
+        "--redis-port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--interval",
+        "1",
+    )
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
@@ -204,6 +333,7 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
             )
             assert r.choices[0].finish_reason in ("length", "stop")
         _every_process_is_observable(out, nats_url, port)
+        _an_agent_session_runs_on_every_endpoint(port)
         _readme_nats_snippet_streams(nats_url, tmp_path)
         published = subprocess.run(
             cli_command("publish", "Hello over NATS", "--nats", nats_url, "--max-tokens", "8"),
@@ -241,10 +371,28 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
     port = free_port()
     out = tmp_path / "up.out"
     argv = cli_command(
-        "up", "--workers", "1", "--speedup", "20", "--port", str(port), "--nats-port", "0",
-        "--redis-port", "0", "--state-dir", str(tmp_path / "state"), "--interval", "1",
-        "--min-replicas", "agg=0", "--scale-down-cooldown", "2", "--scale-up-cooldown", "1",
-    )  # fmt: skip
+        "up",
+        "--workers",
+        "1",
+        "--speedup",
+        "20",
+        "--port",
+        str(port),
+        "--nats-port",
+        "0",
+        "--redis-port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--interval",
+        "1",
+        "--min-replicas",
+        "agg=0",
+        "--scale-down-cooldown",
+        "2",
+        "--scale-up-cooldown",
+        "1",
+    )
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:

@@ -193,6 +193,7 @@ BAD_COMPLETION: list[tuple[str, bytes, int, str | None]] = [
     ("logprobs above 20", completion(logprobs=21), 400, "logprobs"),
     ("completion guided_choice", completion(guided_choice=[""]), 400, "guided_choice"),
     ("suffix", completion(suffix="end"), 400, "suffix"),
+    ("prompt_embeds", completion(prompt_embeds="AAAA"), 400, "prompt_embeds"),
     ("best_of", completion(best_of=3), 400, "best_of"),
     ("max_tokens negative", completion(max_tokens=-1), 400, "max_tokens"),
     ("temperature high", completion(temperature=3), 400, "temperature"),
