@@ -126,6 +126,8 @@ def to_chat_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
     ):
         if data.get(theirs) is not None:
             chat[ours] = data[theirs]
+    if chat.get("top_logprobs") is not None:
+        chat["logprobs"] = True  # Responses asks with top_logprobs alone
     tools = data.get("tools")
     if tools:
         chat["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
@@ -250,12 +252,11 @@ class ResponsesShape:
             assert self._open is not None
             self._open["content"][0]["text"] += text
             where = {"item_id": self._open["id"], "output_index": len(self._items) - 1}
-            event = (
-                "response.output_text.delta"
-                if kind == "message"
-                else ("response.reasoning_text.delta")
-            )
-            extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+            event = f"response.{'output' if kind == 'message' else 'reasoning'}_text.delta"
+            extra: dict[str, Any] = {}
+            if kind == "message":
+                extra["logprobs"] = logprobs or []
+                self._open["content"][0]["logprobs"] += logprobs or []
             out += self._event(event, {**where, "content_index": 0, "delta": text, **extra})
         for call in d.tool_calls:
             item = _call_item(call, "in_progress") | {"arguments": ""}
@@ -298,6 +299,7 @@ class ResponsesShape:
         if c.content or not c.calls:
             item = _item("message", self.id, len(output))
             item["content"][0]["text"] = c.content
+            item["content"][0]["logprobs"] = c.logprobs or []
             output.append(item | {"status": "completed"})
         output += [_call_item(call, "completed") for call in c.calls]
         return encode(self._response("completed", output, _usage(usage)))
