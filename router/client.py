@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -34,6 +34,7 @@ from schemas import (
     Request,
     RequestObservation,
     RouteDecision,
+    SamplingParams,
     TokenChunk,
     WireDecodeError,
     decode,
@@ -314,23 +315,20 @@ class FleetClient:
             )
         if remaining <= 0:
             return _error_chunk(old, gen.next_index, "worker lost after the last token", "length")
+        if old.prompt_embeds is not None and gen.generated:
+            return _error_chunk(
+                old,
+                gen.next_index,
+                f"{reason}; a request with prompt_embeds cannot continue on another worker "
+                "once it has generated (its prompt has no tokens to resend)",
+            )
         with contextlib.suppress(Exception):  # tell a stalled (not dead) worker to stop
             await self.nc.publish(
                 self.subjects.cancel(old.request_id),
                 encode(CancelRequested(old.request_id, "migrated")),
             )
         self._count(gen.worker_id, -1)
-        new_req = Request(
-            request_id=old.request_id,
-            model=old.model,
-            token_ids=tuple(gen.request.token_ids[: gen.prompt_len]) + tuple(gen.generated),
-            sampling=_with_max_tokens(old.sampling, remaining),
-            attempt=old.attempt + 1,
-            num_generated_before=len(gen.generated),
-            created_at_s=old.created_at_s,
-            lora_name=old.lora_name,
-            detokenize=old.detokenize,
-        )
+        new_req = migrated_request(old, gen.prompt_len, gen.generated, remaining)
         gen.request = new_req
         gen.next_index = 0
         try:
@@ -403,9 +401,24 @@ def _with_route(request: Request, decision: RouteDecision) -> Request:
     return msgspec.structs.replace(request, route=decision)
 
 
-def _with_max_tokens(sampling: Any, max_tokens: int) -> Any:
-    import msgspec
+def migrated_request(
+    old: Request, prompt_len: int, generated: Sequence[int], remaining: int
+) -> Request:
+    """The next attempt of ``old``: the prompt plus what was generated, the budget left; every
+    other field (task, detokenizing, constraints, logprobs, ...) kept. The route and KV transfer
+    parameters belonged to the old worker and are dropped."""
+    return msgspec.structs.replace(
+        old,
+        token_ids=tuple(old.token_ids[:prompt_len]) + tuple(generated),
+        sampling=_with_max_tokens(old.sampling, remaining),
+        attempt=old.attempt + 1,
+        num_generated_before=len(generated),
+        route=None,
+        kv_transfer_params=None,
+    )
 
+
+def _with_max_tokens(sampling: SamplingParams, max_tokens: int) -> SamplingParams:
     return msgspec.structs.replace(sampling, max_tokens=max_tokens, min_tokens=0)
 
 

@@ -57,12 +57,13 @@ def request_problem(req: Request, vocab_size: int | None = None) -> str | None:
         return "request_id must be 1-256 characters of [A-Za-z0-9_-:]"
     if not req.model or len(req.model) > MAX_ID_LEN:
         return "model must be a non-empty name"
-    if not req.token_ids:
+    if not req.token_ids and not req.prompt_embeds:
         return "token_ids is empty"
     limit = vocab_size if vocab_size is not None else MAX_TOKEN_ID + 1
-    low, high = min(req.token_ids), max(req.token_ids)
-    if low < 0 or high >= limit:
-        return f"token ids must be in [0, {limit}), got [{low}, {high}]"
+    if req.token_ids:
+        low, high = min(req.token_ids), max(req.token_ids)
+        if low < 0 or high >= limit:
+            return f"token ids must be in [0, {limit}), got [{low}, {high}]"
     if req.task not in ("generate", "embed"):
         return f"task must be 'generate' or 'embed', got {req.task!r}"
     if req.dimensions is not None and req.dimensions < 1:

@@ -239,6 +239,7 @@ class WorkerRuntime:
                 num_generated_before=req.num_generated_before,
                 task=req.task,
                 dimensions=req.dimensions,
+                prompt_embeds=req.prompt_embeds,
             ),
             ar,
         )

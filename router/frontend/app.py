@@ -46,6 +46,7 @@ from router.frontend.openai_protocol import (
     resolve_max_tokens,
 )
 from router.frontend.output import ChoiceOutput, Delta
+from router.frontend.prompt_embeds import PromptEmbedsError, decode_prompt_embeds
 from router.frontend.responses import (
     ChatShape,
     CompletionShape,
@@ -495,15 +496,21 @@ class Frontend:
         card = served.card
         outputs = [self._choice_output(card, params, chat) for _ in range(params.n)]
         self._check_constraint(creq.model, params)
-        prompt = await self._prompt_tokens(served, creq, chat, len(body), params)
+        embeds: bytes | None = None
+        if isinstance(creq, CompletionRequest) and creq.prompt_embeds is not None:
+            embeds, prompt_len = self._prompt_embeds(served, creq)
+            prompt: list[int] = []
+        else:
+            prompt = await self._prompt_tokens(served, creq, chat, len(body), params)
+            prompt_len = len(prompt)
         max_tokens = resolve_max_tokens(
             params.max_tokens,
-            len(prompt),
+            prompt_len,
             card.context_length,
             prompt_param="messages" if chat else "prompt",
         )
         rid = f"{_ID_PREFIX[endpoint]}-{ctx['request_id']}"
-        ctx.update(request_id=rid, model=creq.model, prompt_tokens=len(prompt))
+        ctx.update(request_id=rid, model=creq.model, prompt_tokens=prompt_len)
         special = served.tokenizer.special_tokens
         keep_special = any(m in special for o in outputs[:1] for m in o.markers)
         gens = await self._start(
@@ -515,6 +522,7 @@ class Frontend:
             card.block_size,
             traceparent,
             skip_special_tokens=not keep_special,
+            prompt_embeds=embeds,
         )
         echo = self._echo_text(served, creq, prompt) if params.echo else None
         choices = [
@@ -524,16 +532,16 @@ class Frontend:
         lp = None
         if params.logprobs is not None or params.prompt_logprobs is not None:
             lp = _Logprobs(params.logprobs, params.prompt_logprobs, chat, served.token_text)
-        shape = _shape(endpoint, rid, creq.model, original, len(prompt))
+        shape = _shape(endpoint, rid, creq.model, original, prompt_len)
         self.metrics.in_flight.inc()
         self._active += 1
         status = "ok"
         try:
             async with asgi.DisconnectWatcher(receive):
                 if params.stream:
-                    await self._stream(send, shape, choices, params.include_usage, len(prompt), lp)
+                    await self._stream(send, shape, choices, params.include_usage, prompt_len, lp)
                 else:
-                    await self._collect(send, shape, choices, len(prompt), lp)
+                    await self._collect(send, shape, choices, prompt_len, lp)
         except asyncio.CancelledError:
             status = "cancelled"
             for c in choices:
@@ -554,7 +562,7 @@ class Frontend:
                 worker_id=",".join(c.gen.worker_id for c in choices),
                 attempts=max((c.gen.attempts for c in choices), default=0),
             )
-            await self._observe(creq.model, choices, accepted, len(prompt), status)
+            await self._observe(creq.model, choices, accepted, prompt_len, status)
 
     @staticmethod
     def _choice_output(card: Any, params: GenerationParams, chat: bool) -> ChoiceOutput:
@@ -580,6 +588,36 @@ class Frontend:
                     f"the mocker engine serving this model cannot honour this constraint: {why}",
                     param="response_format",
                 )
+
+    @staticmethod
+    def _prompt_embeds(served: ServedModel, creq: CompletionRequest) -> tuple[bytes, int]:
+        """The tensor's bytes and positions, checked against the model (400s otherwise)."""
+        card = served.card
+        if "prompt_embeds" not in card.tasks:
+            raise OpenAIError(
+                400,
+                f"The model `{card.name}` takes no prompt_embeds: its workers are not vLLM "
+                "workers started with --vllm-arg enable_prompt_embeds=true.",
+                param="prompt_embeds",
+            )
+        try:
+            data, header = decode_prompt_embeds(creq.prompt_embeds_value() or "")
+        except PromptEmbedsError as exc:
+            raise OpenAIError(400, str(exc), param="prompt_embeds") from None
+        if len(header.shape) != 2 or header.shape[0] < 1:
+            raise OpenAIError(
+                400,
+                f"prompt_embeds must be 2-D (positions x hidden size), got shape {header.shape}",
+                param="prompt_embeds",
+            )
+        if card.hidden_size and header.shape[1] != card.hidden_size:
+            raise OpenAIError(
+                400,
+                f"prompt_embeds has {header.shape[1]} columns; this model's hidden size is "
+                f"{card.hidden_size}",
+                param="prompt_embeds",
+            )
+        return data, header.shape[0]
 
     @staticmethod
     def _echo_text(served: ServedModel, creq: Any, prompt: list[int]) -> str:
@@ -648,6 +686,7 @@ class Frontend:
         block_size: int,
         traceparent: str,
         skip_special_tokens: bool = True,
+        prompt_embeds: bytes | None = None,
     ) -> list[Generation]:
         now = time.time()
         requests = [
@@ -673,6 +712,7 @@ class Frontend:
                 ),
                 created_at_s=now,
                 skip_special_tokens=skip_special_tokens,
+                prompt_embeds=prompt_embeds,
             )
             for i in range(params.n)
         ]

@@ -144,7 +144,16 @@ class CompletionRequest(_Common):
     logprobs: int | None = None  # [0, 20]: the sampled token's and this many top ones
     echo: bool | None = None  # the prompt before the completion (with its logprobs if asked)
     suffix: str | None = None  # refused unless empty
-    prompt_embeds: Any = None  # vLLM extension: refused (not carried on the wire yet)
+    prompt_embeds: str | list[str] | None = None  # vLLM extension: base64 torch.save tensor(s)
+
+    def prompt_embeds_value(self) -> str | None:
+        """The one base64 tensor of ``prompt_embeds`` (None when unset)."""
+        value = self.prompt_embeds
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise _bad("prompt_embeds", "prompt_embeds must hold exactly one tensor")
+            value = value[0]
+        return value
 
     def prompt_value(self) -> str | list[int]:
         """The single prompt: text or token ids (``OpenAIError`` for batches)."""
@@ -424,13 +433,20 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
 def parse_completion_request(body: bytes) -> CompletionRequest:
     """Decode and validate a ``/v1/completions`` body."""
     req: CompletionRequest = _decode(body, _completion_decoder)
-    if req.prompt is None:
+    if req.prompt_embeds is not None:
+        req.prompt_embeds_value()
+        if req.prompt is not None:
+            raise _bad("prompt", "send either prompt or prompt_embeds, not both")
+        if req.echo:
+            raise _bad("echo", "echo is not supported with prompt_embeds (there is no text)")
+    elif req.prompt is None:
         raise _bad("prompt", "Missing required parameter: 'prompt'.")
-    req.prompt_value()
+    else:
+        req.prompt_value()
     _check_common(req)
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise _bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}]")
-    _refuse(req, {"suffix": (None, ""), "prompt_embeds": (None,)})
+    _refuse(req, {"suffix": (None, "")})
     completion_generation_params(req)  # the constraint is checked here
     return req
 

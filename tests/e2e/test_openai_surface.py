@@ -3,12 +3,14 @@ a real fleet of mocker workers on the shipped card (hermes tool calls, see its j
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -363,3 +365,14 @@ def test_auto_tool_calls_with_a_special_token_marker_are_parsed(reasoning_fleet,
     assert out["finish_reason"] == "tool_calls"
     plain = _chat(client, stream, model="mistral", extra_body={"guided_choice": [text]})
     assert "[TOOL_CALLS]" not in plain["content"]  # without tools, special tokens are skipped
+
+
+def test_prompt_embeds_to_a_model_whose_workers_cannot_take_them_is_a_400(client):
+    raw = (Path(__file__).resolve().parents[1] / "data" / "prompt_embeds_f32_3x64.pt").read_bytes()
+    with pytest.raises(openai.BadRequestError, match="enable_prompt_embeds"):
+        client.completions.create(
+            model=MODEL,
+            prompt=None,
+            max_tokens=4,
+            extra_body={"prompt_embeds": base64.b64encode(raw).decode()},
+        )

@@ -217,3 +217,13 @@ def test_engine_args_build_in_vllm(tmp_path: Path) -> None:
     assert args.kv_events_config.enable_kv_cache_events is True
     assert args.kv_transfer_config.kv_connector == "NixlConnector"
     assert args.enable_prefix_caching is True and args.block_size == 16
+
+
+def test_prompt_embeds_load_in_vllm() -> None:
+    """With vLLM (and so torch) installed: the tensor torch saved becomes an ``EmbedsPrompt``."""
+    pytest.importorskip("vllm")
+    from workers.engines.vllm.backend import RealVllmBackend
+
+    raw = (Path(__file__).resolve().parents[1] / "data" / "prompt_embeds_f32_3x64.pt").read_bytes()
+    prompt, positions = RealVllmBackend().embeds_prompt(raw)
+    assert positions == 3 and tuple(prompt["prompt_embeds"].shape) == (3, 64)

@@ -175,6 +175,9 @@ class FakeBackend:
     def pooling_params(self, dimensions: int | None) -> Any:
         return {"task": "embed", "dimensions": dimensions}
 
+    def embeds_prompt(self, data: bytes) -> tuple[Any, int]:
+        return {"prompt_embeds": data}, 7  # the real one: torch.load, 7 positions here
+
     def lora_request(self, name: str, lora_id: int, path: str) -> Any:
         return ("lora", name, lora_id, path)
 
@@ -295,6 +298,23 @@ async def test_an_embedding_worker_encodes_and_a_generating_one_refuses() -> Non
     await engine.stop()
     plain, _ = await started()
     assert plain.tasks == ("generate",)
+    await plain.stop()
+
+
+async def test_prompt_embeds_reach_vllm_as_an_embeds_prompt() -> None:
+    engine, backend = await started(extra_engine_args={"enable_prompt_embeds": True})
+    assert engine.tasks == ("generate", "prompt_embeds")
+    req = EngineRequest("p", (), SamplingParams(max_tokens=1), prompt_embeds=b"tensor")
+    sink = await submitted(engine, backend, req)
+    assert backend.llm.calls[0]["prompt"] == {"prompt_embeds": b"tensor"}
+    await push(backend, request_output([10], finished=True, reason="length"))
+    await wait_for(lambda: sink.final, timeout=2.0, interval=0.001)
+    assert sink.final is not None and sink.final.num_prompt_tokens == 7
+    await engine.stop()
+    plain, _ = await started()
+    refused = Sink()
+    plain.add_request(req, refused)
+    assert refused.final is not None and "enable_prompt_embeds" in (refused.final.error or "")
     await plain.stop()
 
 

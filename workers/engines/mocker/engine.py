@@ -116,6 +116,10 @@ class MockerEngine:
         sp = request.sampling
         rid = request.request_id
         seed = request_seed(rid, sp.seed)
+        if request.prompt_embeds is not None:
+            error = "mocker: prompt_embeds need an engine that embeds prompts (vLLM)"
+            sink.on_output(EngineOutput(rid, (), True, "error", error=error))
+            return
         forced: tuple[int, ...] = ()
         if sp.structured is not None:
             try:

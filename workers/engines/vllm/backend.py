@@ -46,6 +46,9 @@ class VllmBackend(Protocol):
     def pooling_params(self, dimensions: int | None) -> Any:
         """``vllm.pooling_params.PoolingParams(task="embed", dimensions=...)``."""
 
+    def embeds_prompt(self, data: bytes) -> tuple[Any, int]:
+        """``vllm.inputs.EmbedsPrompt(prompt_embeds=tensor)`` and the tensor's positions."""
+
     def lora_request(self, name: str, lora_id: int, path: str) -> Any:
         """``vllm.lora.request.LoRARequest(name, lora_id, path)``."""
 
@@ -100,6 +103,19 @@ class RealVllmBackend:
 
     def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
         return self._inputs.TokensPrompt(prompt_token_ids=list(token_ids))
+
+    def embeds_prompt(self, data: bytes) -> tuple[Any, int]:
+        """``EmbedsPrompt`` of a ``torch.save``'d tensor (loaded as vLLM's server loads it:
+        ``weights_only``, on the CPU), and its number of positions."""
+        import io
+
+        torch = importlib.import_module("torch")  # vLLM's own dependency: only on this worker
+        tensor = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        if tensor.dim() != 2:
+            raise ValueError(
+                f"prompt_embeds must be 2-D (positions x hidden), got {tensor.dim()}-D"
+            )
+        return self._inputs.EmbedsPrompt(prompt_embeds=tensor), int(tensor.shape[0])
 
     def pooling_params(self, dimensions: int | None) -> Any:
         """``vllm.PoolingParams(task="embed", dimensions=...)`` (both fields in every release)."""

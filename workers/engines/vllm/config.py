@@ -103,13 +103,17 @@ class VllmEngineConfig:
     @property
     def tasks(self) -> tuple[str, ...]:
         """What the worker answers: an embedding model (``--vllm-arg runner=pooling``, or the
-        older ``task=embed`` / ``convert=embed``) embeds, any other generates."""
+        older ``task=embed`` / ``convert=embed``) embeds, any other generates; and takes
+        ``prompt_embeds`` when started with ``--vllm-arg enable_prompt_embeds=true``."""
         extra = self.extra_engine_args
         pooling = extra.get("runner") == "pooling" or "embed" in (
             extra.get("task"),
             extra.get("convert"),
         )
-        return ("embed",) if pooling else ("generate",)
+        if pooling:
+            return ("embed",)
+        embeds = extra.get("enable_prompt_embeds") in (True, "true", "True", 1)
+        return ("generate", "prompt_embeds") if embeds else ("generate",)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_seqs < 1 or self.tensor_parallel_size < 1:

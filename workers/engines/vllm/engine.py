@@ -222,6 +222,16 @@ class VllmEngine:
                 raise ValueError(
                     f"this vLLM worker does not {request.task} (it serves {self.tasks})"
                 )
+            num_prompt = len(request.token_ids)
+            if request.prompt_embeds is not None:
+                if "prompt_embeds" not in self.tasks:
+                    raise ValueError(
+                        "this vLLM worker takes no prompt_embeds (start it with "
+                        "--vllm-arg enable_prompt_embeds=true)"
+                    )
+                prompt, num_prompt = self._backend.embeds_prompt(request.prompt_embeds)
+            else:
+                prompt = self._backend.tokens_prompt(request.token_ids)
             lora = self._lora_request(request.lora_name)
             if request.task == "embed":
                 params = self._backend.pooling_params(request.dimensions)
@@ -232,13 +242,12 @@ class VllmEngine:
             sink.on_output(EngineOutput(rid, (), True, "error", error=str(exc)))
             return
         sp = request.sampling
-        run = _Running(rid, f"{rid}-{next(self._ids)}", sink, len(request.token_ids))
+        run = _Running(rid, f"{rid}-{next(self._ids)}", sink, num_prompt)
         run.logprobs = sp.logprobs
         if sp.prompt_logprobs is not None:
             run.prompt, run.prompt_logprobs = tuple(request.token_ids), sp.prompt_logprobs
         self._running[rid] = run
         self._pending_prefill_tokens += run.num_prompt_tokens
-        prompt = self._backend.tokens_prompt(request.token_ids)
         work = self._embed if request.task == "embed" else self._generate
         run.task = asyncio.create_task(work(run, prompt, params, lora), name=run.vllm_id)
 
