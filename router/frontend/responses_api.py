@@ -146,7 +146,10 @@ def to_chat_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
     return {
         "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
+        "input_tokens_details": {
+            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0,  # nothing is written apart from the prefix cache
+        },
         "output_tokens": usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},  # not counted apart
         "total_tokens": usage["total_tokens"],

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -286,3 +287,74 @@ def test_embeddings_dimensions_and_refusals(client):
         client.embeddings.create(model=MODEL, input="x" * 9000)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="abc")
+
+
+# ------------------------------------------------------------------ against the SDKs' schemas
+def _sse(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+
+
+def test_every_body_and_event_validates_against_the_official_sdk_types(fleet):
+    """Strict pydantic validation (the clients themselves only ``construct``) of what each
+    endpoint sends, with logprobs, tool calls and usage in it."""
+    from anthropic.types import Message, RawMessageStreamEvent
+    from openai.types import Completion, CreateEmbeddingResponse
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    url = fleet.base_url
+    tools = {"tools": TOOLS, "tool_choice": "required"}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
+    with httpx.Client(base_url=url, timeout=30) as http:
+
+        def post(path: str, body: dict[str, Any]) -> Any:
+            r = http.post(path, json=body)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        def stream(path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+            with http.stream("POST", path, json={**body, "stream": True}) as r:
+                assert r.status_code == 200
+                return _sse(list(r.iter_lines()))
+
+        for body in (chat | {"logprobs": True, "top_logprobs": 2}, chat | tools):
+            ChatCompletion.model_validate(post("/v1/chat/completions", body), strict=True)
+            opts = {"stream_options": {"include_usage": True}}
+            for event in stream("/v1/chat/completions", body | opts):
+                ChatCompletionChunk.model_validate(event, strict=True)
+        completion = {"model": MODEL, "prompt": "hi", "max_tokens": 4, "logprobs": 2}
+        Completion.model_validate(post("/v1/completions", completion), strict=True)
+        # with echo the first prompt token has null logprobs, as OpenAI's API (and vLLM) send
+        # them, though the SDK's type says float: everything else must still validate
+        echoed = post("/v1/completions", completion | {"echo": True})
+        lp = echoed["choices"][0]["logprobs"]
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        lp["token_logprobs"][0], lp["top_logprobs"][0] = 0.0, {}
+        Completion.model_validate(echoed, strict=True)
+        embeddings = {"model": MODEL, "input": ["a", "b"], "encoding_format": "float"}
+        CreateEmbeddingResponse.model_validate(post("/v1/embeddings", embeddings), strict=True)
+
+        responses = {
+            "model": MODEL,
+            "input": "hi",
+            "max_output_tokens": 200,
+            "tools": RESPONSES_TOOLS,
+            "tool_choice": "required",
+        }
+        Response.model_validate(post("/v1/responses", responses), strict=True)
+        adapter = TypeAdapter(ResponseStreamEvent)
+        for event in stream("/v1/responses", responses):
+            adapter.validate_python(event, strict=True)
+
+        messages = {
+            "model": MODEL,
+            "max_tokens": 200,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": ANTHROPIC_TOOLS,
+            "tool_choice": {"type": "any"},
+        }
+        Message.model_validate(post("/v1/messages", messages), strict=True)
+        events = TypeAdapter(RawMessageStreamEvent)
+        for event in stream("/v1/messages", messages):
+            events.validate_python(event, strict=True)
