@@ -76,6 +76,7 @@ def _start_autoscaling(
     planner's capacity profile defaults to the mocker's at this ``--speedup``."""
     from infra.cli.planner import planner_flags, served_name
 
+    initial = [f"{role}={n}" for role, n in _pools(args).items()]
     group.start(
         "connector",
         cli_command(
@@ -83,8 +84,7 @@ def _start_autoscaling(
             "local",
             *common,
             *engine,
-            "--initial",
-            f"agg={args.workers}",
+            *[flag for item in initial for flag in ("--initial", item)],
             "--log-dir",
             str(group.log_dir),
         ),
@@ -99,10 +99,19 @@ def _start_autoscaling(
             served_name(args),
             "--metrics-port",
             str(metrics_port),
+            "--roles",
+            ",".join(_pools(args)),
             *profile,
             *planner_flags(args),
         ),
     )
+
+
+def _pools(args: argparse.Namespace) -> dict[str, int]:
+    """The worker pools ``up`` starts with: role -> workers."""
+    if args.disagg:
+        return {"prefill": args.prefill_workers, "decode": args.decode_workers}
+    return {"agg": args.workers}
 
 
 def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
@@ -129,9 +138,12 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             ops["planner"] = free_port()
             _start_autoscaling(args, group, common, engine, ops["planner"])
         else:
-            for i in range(args.workers):
-                worker = cli_command("worker", *common, *engine, "--metrics-port", "-1")
-                group.start(f"worker-{i}", worker)
+            for role, n in _pools(args).items():
+                for i in range(n):
+                    worker = cli_command(
+                        "worker", *common, *engine, "--role", role, "--metrics-port", "-1"
+                    )
+                    group.start(f"{role}-{i}" if args.disagg else f"worker-{i}", worker)
         if args.router == "kv":
             ops["indexer"] = free_port()
             indexer = ["--redis", redis.url, "--metrics-port", str(ops["indexer"])]
@@ -157,6 +169,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         )
         wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
         scaling = ", autoscaled by the planner" if args.planner else ""
+        pools = ", ".join(f"{n} {role}" for role, n in _pools(args).items())
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))
         _say(
             f"metrics: frontend http://{args.host}:{args.port}/metrics  {ops_lines}  "
@@ -164,7 +177,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         )
         _say(
             f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "
-            f"({args.workers} {args.engine} workers{scaling}, router {args.router})\n"
+            f"({pools} {args.engine} workers{scaling}, router {args.router})\n"
             f"NATS {nats.url} (clients publish on {subjects.prefix}.submit.MODEL)  "
             f"Redis {redis.url}  logs {group.log_dir}\n"
             "(Ctrl-C stops the fleet; a second Ctrl-C stops it at once)"

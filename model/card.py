@@ -64,6 +64,7 @@ class LocalModel:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     hidden_size: int = 0  # config.json's hidden_size (d_model, n_embd): the embedding size
+    kv_bytes_per_token: int = 0  # layers x 2 x KV heads x head dim x dtype bytes (0: unknown)
 
 
 def default_model_dir() -> Path:
@@ -110,7 +111,29 @@ def load_model_dir(
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
         hidden_size=_hidden_size(cfg),
+        kv_bytes_per_token=kv_bytes_per_token(cfg),
     )
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "fp8": 1}
+
+
+def kv_bytes_per_token(cfg: dict[str, Any]) -> int:
+    """KV cache bytes of one token: layers x 2 (K and V) x KV heads x head dim x dtype bytes,
+    from ``config.json`` (or its ``text_config``); 0 when it does not say."""
+    text_cfg = cfg.get("text_config")
+    c = {**cfg, **text_cfg} if isinstance(text_cfg, dict) else cfg
+    layers, heads = c.get("num_hidden_layers"), c.get("num_attention_heads")
+    kv_heads = c.get("num_key_value_heads", heads)
+    head_dim = c.get("head_dim")
+    hidden = c.get("hidden_size")
+    if head_dim is None and isinstance(heads, int) and heads and isinstance(hidden, int):
+        head_dim = hidden // heads
+    values = [v for v in (layers, kv_heads, head_dim) if isinstance(v, int) and v > 0]
+    if len(values) != 3 or any(isinstance(v, bool) for v in values):
+        return 0
+    dtype = _DTYPE_BYTES.get(str(c.get("torch_dtype") or c.get("dtype") or "bfloat16"), 2)
+    return values[0] * 2 * values[1] * values[2] * dtype
 
 
 def _hidden_size(cfg: dict[str, Any]) -> int:

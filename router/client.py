@@ -87,6 +87,8 @@ class Generation:
         self.sub: Subscription | None = None
         self.traceparent: str | None = None
         self.done = False
+        self.disagg = ""  # "local" when a disaggregated fleet chose to prefill on the decoder
+        self.disagg_reason = ""
 
     @property
     def request_id(self) -> str:
@@ -179,6 +181,8 @@ class Generation:
             error=error,
             route=self.decision,
             frontend_id=source,
+            disagg=self.disagg,
+            disagg_reason=self.disagg_reason,
         )
 
     async def cancel(self, reason: str = "client_disconnected") -> None:
@@ -248,12 +252,31 @@ class FleetClient:
         await self.js.publish(subject, encode(req), headers=headers)
         gen.last_activity = time.monotonic()
 
-    async def generate(self, request: Request, traceparent: str | None = None) -> Generation:
-        """Route and publish; raises NoWorkersError / OverloadedError before anything is sent.
-        ``traceparent`` (W3C) goes with every attempt's message as a NATS header."""
+    async def route_request(self, request: Request) -> tuple[str, RouteDecision | None]:
+        """Choose the worker (and reserve it, for the kv router) without publishing: hand the
+        result to ``generate``, or to ``unroute`` when the request will not go there."""
         await self._wait_for_worker(request.model)
         self.check_capacity(request.model)
-        subject, decision = await self._route(request, [])
+        return await self._route(request, [])
+
+    async def unroute(self, request_id: str) -> None:
+        """Drop the reservation of a ``route_request`` whose request was not sent."""
+        if self.router is not None:
+            with contextlib.suppress(Exception):
+                await self.router.finished(request_id)
+
+    async def generate(
+        self,
+        request: Request,
+        traceparent: str | None = None,
+        routed: tuple[str, RouteDecision | None] | None = None,
+    ) -> Generation:
+        """Route (unless ``routed`` by ``route_request``) and publish; raises NoWorkersError /
+        OverloadedError before anything is sent. ``traceparent`` (W3C) goes with every attempt's
+        message as a NATS header."""
+        if routed is None:
+            routed = await self.route_request(request)
+        subject, decision = routed
         if decision is not None:
             request = _with_route(request, decision)
             self._on_route(decision)

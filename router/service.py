@@ -25,7 +25,9 @@ from base.deadletter import dead_letter
 from base.ops_http import start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
-from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
+from router.client import ClientConfig, Generation, NoWorkersError, OverloadedError
+from router.disagg import DisaggConfig
+from router.disagg_client import DisaggClient, DisaggGeneration
 from router.kv.router import KvRouterConfig
 from router.stack import RoutingStack, StackConfig
 from schemas import (
@@ -50,6 +52,7 @@ class RouterServiceConfig:
     redis_url: str | None = None
     kv: KvRouterConfig = field(default_factory=KvRouterConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     batch: int = 64
     metrics_port: int = 0  # the operations port: /metrics, /health, /ready (0: off)
     metrics_host: str = "127.0.0.1"
@@ -60,7 +63,7 @@ class RouterService:
         self,
         cfg: RouterServiceConfig,
         nc: NATS,
-        client: FleetClient,
+        client: DisaggClient,
         vocab_size: Callable[[str], int | None] = lambda _model: None,
         registry: CollectorRegistry | None = None,
     ) -> None:
@@ -118,7 +121,7 @@ class RouterService:
         chunk = TokenChunk(req.request_id, req.attempt, 0, finish_reason="error", error=error)
         await self.nc.publish(self.cfg.subjects.tok(req.request_id), encode(chunk))
 
-    async def _follow(self, gen: Generation) -> None:
+    async def _follow(self, gen: Generation | DisaggGeneration) -> None:
         started = time.monotonic()
         first = 0.0
         reason: str | None = None
@@ -165,7 +168,16 @@ class RouterService:
 
 async def run_router_service(cfg: RouterServiceConfig) -> None:
     stack = await RoutingStack.open(
-        StackConfig(cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client),
+        StackConfig(
+            cfg.nats_url,
+            cfg.subjects,
+            cfg.router,
+            cfg.redis_url,
+            cfg.kv,
+            cfg.client,
+            cfg.disagg,
+            relay_first_token=True,  # its clients read the token subjects themselves
+        ),
         name="router-service",
     )
 

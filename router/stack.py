@@ -4,7 +4,7 @@ the discovery that feeds them. ``close`` takes it down in reverse, Redis include
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
@@ -12,6 +12,8 @@ from nats.aio.client import Client as NATS
 from base.connect import close_nats, connect_nats, connect_redis
 from base.topology import ensure_topology
 from router.client import ClientConfig, FleetClient
+from router.disagg import DisaggConfig
+from router.disagg_client import DisaggClient
 from router.discovery import Discovery
 from router.fleet_state import FleetState
 from router.kv.router import KvRouterConfig
@@ -28,6 +30,8 @@ class StackConfig:
     redis_url: str | None = None
     kv: KvRouterConfig | None = None
     client: ClientConfig | None = None
+    disagg: DisaggConfig | None = None
+    relay_first_token: bool = False  # the router service: its clients read the token subjects
 
 
 @dataclass
@@ -36,7 +40,7 @@ class RoutingStack:
     redis: aioredis.Redis | None
     state: FleetState
     router: Router | None
-    client: FleetClient
+    client: DisaggClient
     discovery: Discovery
 
     @classmethod
@@ -50,7 +54,7 @@ class RoutingStack:
             state = FleetState()
             router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
             await warm_router(router)
-            client = FleetClient(nc, cfg.subjects, state, router, cfg.client or ClientConfig())
+            client = build_client(nc, cfg, state, router)
             discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
             await discovery.start()
         except BaseException:
@@ -67,3 +71,27 @@ class RoutingStack:
         await close_nats(self.nc)
         if self.redis is not None:
             await self.redis.aclose()
+
+
+def build_client(
+    nc: NATS, cfg: StackConfig, state: FleetState, router: Router | None
+) -> DisaggClient:
+    """One client per role over the same fleet state and router: aggregated workers, and the
+    prefill and decode pools of disaggregated models (``router/disagg_client.py``)."""
+    base = cfg.client or ClientConfig()
+    disagg = cfg.disagg or DisaggConfig()
+
+    def client(role_cfg: ClientConfig) -> FleetClient:
+        return FleetClient(nc, cfg.subjects, state, router, role_cfg)
+
+    # a prefill is not migrated: a stalled or lost one is prefilled on the decode worker instead
+    prefill = replace(
+        base, role="prefill", max_attempts=1, stall_timeout_s=disagg.prefill_timeout_s
+    )
+    return DisaggClient(
+        client(replace(base, role="agg")),
+        client(prefill),
+        client(replace(base, role="decode")),
+        disagg,
+        relay_first_token=cfg.relay_first_token,
+    )

@@ -16,6 +16,7 @@ ControlOp = Literal[
     "lora_load",
     "lora_unload",
     "lora_list",
+    "kv_release",
 ]
 CONTROL_OPS: tuple[str, ...] = (
     "health",
@@ -27,6 +28,7 @@ CONTROL_OPS: tuple[str, ...] = (
     "lora_load",
     "lora_unload",
     "lora_list",
+    "kv_release",  # a decode worker pulled a remote prefill's KV: the prefill side frees it
 )
 
 

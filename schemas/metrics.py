@@ -49,4 +49,11 @@ class RequestObservation(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str | None = None
     route: RouteDecision | None = None
     frontend_id: str = ""
+    # Disaggregation (a model with decode workers): "remote" (prefilled on a prefill worker,
+    # KV pulled) or "local" (the decode worker prefilled), and why (router/disagg.py)
+    disagg: str = ""
+    disagg_reason: str = ""
+    prefill_worker_id: str = ""
+    prefill_s: float = 0.0  # accept -> the remote prefill's answer
+    kv_transfer_ms: float = 0.0  # the decode worker's pull of the prefill's KV
     v: int = 1

@@ -47,6 +47,7 @@ class EngineOutput:
     logprobs: tuple[TokenLogprob, ...] | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     embedding: tuple[float, ...] | None = None  # task "embed", on the final output
+    kv_transfer_ms: float = 0.0  # a remote prefill's KV transfer into this worker (simulated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from socket import gethostname
 
 import structlog
@@ -34,10 +34,19 @@ class EngineChoice:
     vllm: VllmEngineConfig | None = None  # from the --vllm-* flags (no vllm import needed)
 
 
-def build_engine(choice: EngineChoice, tokenizer: ModelTokenizer, hidden_size: int = 0) -> Engine:
+def build_engine(
+    choice: EngineChoice,
+    tokenizer: ModelTokenizer,
+    local: LocalModel | None = None,
+    engine_id: str = "",
+) -> Engine:
     if choice.kind == "mocker":
         vocab = tokenizer.text_safe_token_ids()
-        return MockerEngine(choice.mocker, vocab, tokenizer.encode, hidden_size)
+        cfg = choice.mocker
+        if local is not None and not cfg.kv_block_bytes and local.kv_bytes_per_token:
+            cfg = replace(cfg, kv_block_bytes=local.kv_bytes_per_token * cfg.block_size)
+        hidden = local.hidden_size if local is not None else 0
+        return MockerEngine(cfg, vocab, tokenizer.encode, hidden, engine_id)
     if choice.kind == "vllm":
         from workers.engines.vllm.engine import VllmEngine  # vLLM itself: optional extra, GPU
 
@@ -54,7 +63,7 @@ async def run_worker(
     tokenizer = ModelTokenizer(
         local.tokenizer_json, local.chat_template, local.bos_token, local.eos_token
     )
-    engine = build_engine(choice, tokenizer, local.hidden_size)
+    engine = build_engine(choice, tokenizer, local, cfg.worker_id)
     nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}")
     js = nc.jetstream()
     await ensure_topology(js, cfg.subjects)

@@ -29,6 +29,7 @@ class ActiveRequest:
         "final_sent",
         "finish_reason",
         "finished",
+        "kv_transfer_ms",
         "kv_transfer_params",
         "msg",
         "next_index",
@@ -68,6 +69,7 @@ class ActiveRequest:
         self.error: str | None = None
         self.kv_transfer_params: dict[str, object] | None = None
         self.embedding: tuple[float, ...] | None = None
+        self.kv_transfer_ms = 0.0
         self.started_at = started_at
         self.final_sent = False
 
@@ -79,6 +81,8 @@ class ActiveRequest:
             self.prompt_tokens = output.num_prompt_tokens
         if output.num_cached_tokens:
             self.cached_tokens = output.num_cached_tokens
+        if output.kv_transfer_ms:
+            self.kv_transfer_ms = output.kv_transfer_ms
         if output.new_token_ids:
             self._pending_tokens.extend(output.new_token_ids)
             if self._detok is not None:
@@ -121,7 +125,11 @@ class ActiveRequest:
             text=text,
             finish_reason=self.finish_reason if final else None,
             usage=(
-                Usage(self.prompt_tokens, self.num_generated, self.cached_tokens) if final else None
+                Usage(
+                    self.prompt_tokens, self.num_generated, self.cached_tokens, self.kv_transfer_ms
+                )
+                if final
+                else None
             ),
             error=self.error if final else None,
             worker_id=self.worker_id,

@@ -101,6 +101,8 @@ class WorkerRuntime:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        if hasattr(self.engine, "on_kv_pulled"):  # the mocker: tell prefill workers to free
+            self.engine.on_kv_pulled = self._kv_pulled
         await self.engine.start(self._on_kv_events)
         s, cfg = self.subjects, self.cfg
         self._subs.append(await self.nc.subscribe(s.cancel_all(), cb=self._on_cancel))
@@ -360,6 +362,13 @@ class WorkerRuntime:
             reply = ControlReply(res.ok, res.detail, data)
         if msg.reply:
             await msg.respond(encode(reply))
+
+    def _kv_pulled(self, prefill_worker: str, request_id: str) -> None:
+        """A remote prefill's KV landed here: the prefill worker may free its blocks."""
+        subject = self.subjects.ctl(prefill_worker, "kv_release")
+        body = encode(ControlRequest(args={"request_id": request_id}))
+        task = asyncio.create_task(self.nc.publish(subject, body))
+        task.add_done_callback(_log_task_error)
 
     # ---------------------------------------------------------------- kv events, load
     def _on_kv_events(self, events: Sequence[KvCacheEvent]) -> None:

@@ -11,6 +11,7 @@ import os
 
 from infra.cli.flags import ConfigFlags, Flag
 from router.client import ClientConfig
+from router.disagg import DisaggConfig
 from router.frontend.app import FrontendConfig
 from router.frontend.service import FrontendServiceConfig
 from router.indexer import IndexerConfig
@@ -33,6 +34,10 @@ MOCKER = ConfigFlags(
     Flag("enable_chunked_prefill", "--chunked-prefill"),
     Flag("speedup", help="mocker: divisor of simulated time (1 = real time)"),
     "watermark",
+    "kv_transfer_bandwidth",
+    "kv_transfer_mode",
+    "kv_block_bytes",
+    "kv_hold_timeout_s",
     title="engine (the mocker's flags; vLLM reads the shared ones too)",
 )
 
@@ -95,6 +100,15 @@ CLIENT = ConfigFlags(
     "max_waiting_per_worker",
     "wait_for_worker_s",
     title="requests in flight",
+)
+
+DISAGG = ConfigFlags(
+    DisaggConfig,
+    Flag("policy", "--disagg-policy"),
+    Flag("isl_threshold", "--disagg-isl-threshold"),
+    "prefill_queue_limit",
+    Flag("prefill_timeout_s", "--prefill-timeout"),
+    title="disaggregated serving (models with decode workers)",
 )
 
 FRONTEND = ConfigFlags(
@@ -210,7 +224,7 @@ def add_routing(p: argparse.ArgumentParser) -> None:
 
 
 def routing_argv(args: argparse.Namespace) -> list[str]:
-    return ["--router", str(args.router), *KV.argv(args), *CLIENT.argv(args)]
+    return ["--router", str(args.router), *KV.argv(args), *CLIENT.argv(args), *DISAGG.argv(args)]
 
 
 def redis_for(args: argparse.Namespace) -> str | None:

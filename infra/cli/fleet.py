@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from infra.cli.components import CLIENT, add_common, add_engine, add_routing
+from infra.cli.components import CLIENT, DISAGG, add_common, add_engine, add_routing
 from infra.cli.planner_args import add_planner_args
 from schemas import Subjects
 
@@ -36,9 +36,18 @@ def add_commands(sub: Any) -> None:
         help="autoscale (default): planner + local connector own the workers, --workers is "
         "the start; --no-planner: a fixed fleet of --workers",
     )
+    g.add_argument(
+        "--disagg",
+        action="store_true",
+        help="disaggregated serving: pools of --prefill-workers and --decode-workers instead of "
+        "--workers aggregated ones (the planner sizes both)",
+    )
+    g.add_argument("--prefill-workers", type=int, default=1, help="with --disagg (default: 1)")
+    g.add_argument("--decode-workers", type=int, default=1, help="with --disagg (default: 1)")
     add_engine(up)
     add_routing(up)
     CLIENT.add_to(up)
+    DISAGG.add_to(up)
     add_planner_args(up)
 
     srv = sub.add_parser("servers", help="run only the embedded NATS and Redis")

@@ -17,6 +17,7 @@ from typing import Any
 from infra.cli.components import (
     CLIENT,
     DEFAULT_REDIS,
+    DISAGG,
     FRONTEND,
     FRONTEND_SERVICE,
     INDEXER,
@@ -50,6 +51,7 @@ def add_commands(sub: Any) -> None:
     )
     add_routing(fe)
     CLIENT.add_to(fe)
+    DISAGG.add_to(fe)
     FRONTEND.add_to(fe)
 
     wk = sub.add_parser("worker", help="a worker process (mocker or vllm engine)")
@@ -71,6 +73,7 @@ def add_commands(sub: Any) -> None:
     add_common(rs)
     add_routing(rs)
     CLIENT.add_to(rs)
+    DISAGG.add_to(rs)
     rs.add_argument(
         "--metrics-port", type=int, default=0, help="/metrics, /health, /ready (0: off)"
     )
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
             redis_for(args),
             kv=KV.build(args),
             client=CLIENT.build(args),
+            disagg=DISAGG.build(args),
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )
@@ -125,6 +129,7 @@ def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> i
         kv=KV.build(args),
         subjects=subjects,
         client=CLIENT.build(args),
+        disagg=DISAGG.build(args),
         http=http,
     )
     return _serve(runner, run_frontend(cfg), "frontend", args)

@@ -101,6 +101,13 @@ def build(out: Path) -> None:
                 "architectures": ["JetfleetTinyForCausalLM"],
                 "max_position_embeddings": CONTEXT,
                 "hidden_size": 64,  # the mocker's embeddings have this many dimensions
+                # Llama-3.1-8B's KV geometry (128 KiB a token), so simulated KV transfers between
+                # prefill and decode workers take realistic time
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "torch_dtype": "bfloat16",
                 "vocab_size": tok.get_vocab_size(),
                 "bos_token_id": tok.token_to_id("<|begin_of_text|>"),
                 "eos_token_id": tok.token_to_id("<|im_end|>"),

@@ -25,7 +25,8 @@ from nats.aio.client import Client as NATS
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from model.structured import problem as mocker_problem
-from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
+from router.client import Generation, NoWorkersError, OverloadedError
+from router.disagg_client import DisaggClient, DisaggGeneration
 from router.discovery import Discovery, ServedModel
 from router.frontend import anthropic, asgi, responses_api
 from router.frontend.anthropic import MessagesShape
@@ -66,6 +67,7 @@ from schemas import Request, RequestObservation, SamplingParams
 from schemas import encode as wire_encode
 from schemas.trace import child_traceparent
 
+AnyGeneration = Generation | DisaggGeneration
 log = structlog.get_logger("jetfleet.frontend")
 access_log = structlog.get_logger("jetfleet.access")
 
@@ -107,7 +109,7 @@ class FrontendConfig:
 
 @dataclass
 class _Choice:
-    gen: Generation
+    gen: AnyGeneration
     stops: StopMatcher
     out: ChoiceOutput
     text: list[str]  # content
@@ -138,7 +140,7 @@ class Frontend:
         cfg: FrontendConfig,
         nc: NATS,
         discovery: Discovery,
-        client: FleetClient,
+        client: DisaggClient,
         metrics: FrontendMetrics,
         frontend_id: str,
         redis: Any | None = None,
@@ -154,6 +156,9 @@ class Frontend:
         self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
         self._max_body = int(cfg.max_body_mb * (1 << 20))
         self._active = 0  # generations in progress in this process
+        client.on_placement = lambda model, p: metrics.disagg.labels(
+            model, "remote" if p.remote else "local", p.reason
+        ).inc()
         self.tokenizer = PromptTokenizer(
             TokenizeConfig(cache_tokens=cfg.tokenizer_cache_tokens),
             TokenizeMetrics(metrics.registry),
@@ -687,7 +692,7 @@ class Frontend:
         traceparent: str,
         skip_special_tokens: bool = True,
         prompt_embeds: bytes | None = None,
-    ) -> list[Generation]:
+    ) -> list[AnyGeneration]:
         now = time.time()
         requests = [
             Request(
@@ -720,9 +725,9 @@ class Frontend:
 
     async def _submit(
         self, model: str, rid: str, requests: list[Request], block_size: int, traceparent: str
-    ) -> list[Generation]:
+    ) -> list[AnyGeneration]:
         """Route and publish every request, or none (503 when the fleet cannot take them)."""
-        gens: list[Generation] = []
+        gens: list[AnyGeneration] = []
         try:
             for request in requests:
                 gen = await self.client.generate(request, traceparent)
@@ -955,6 +960,8 @@ class Frontend:
                 finish_reason=c.reason,
                 error=c.error,
             )
+            if obs.kv_transfer_ms:
+                self.metrics.kv_transfer.labels(model).observe(obs.kv_transfer_ms / 1000)
             await self._publish_observation(model, obs)
 
     async def _publish_observation(self, model: str, obs: RequestObservation) -> None:

@@ -85,6 +85,19 @@ class FrontendMetrics:
         self.migrations = Counter(
             f"{ns}_migrations", "Requests moved to another worker", ["model"], registry=registry
         )
+        self.disagg = Counter(
+            f"{ns}_disagg_placements",
+            "Where the prefill of a request to a disaggregated model ran, and why",
+            ["model", "placement", "reason"],
+            registry=registry,
+        )
+        self.kv_transfer = Histogram(
+            f"{ns}_kv_transfer_seconds",
+            "A remote prefill's KV pulled into the decode worker (as the worker reports it)",
+            ["model"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
         self.route_decision = Histogram(
             f"{ns}_route_decision_seconds",
             "Time spent choosing a worker",

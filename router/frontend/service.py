@@ -15,6 +15,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from router.client import ClientConfig
+from router.disagg import DisaggConfig
 from router.frontend.app import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
 from router.kv.router import KvRouterConfig
@@ -34,6 +35,7 @@ class FrontendServiceConfig:
     kv: KvRouterConfig = field(default_factory=KvRouterConfig)
     subjects: Subjects = field(default_factory=Subjects)
     client: ClientConfig = field(default_factory=ClientConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     http: FrontendConfig = field(default_factory=FrontendConfig)
     frontend_id: str = field(default_factory=lambda: f"fe-{uuid.uuid4().hex[:8]}")
     keep_alive_s: float = 620.0
@@ -80,7 +82,9 @@ class _Server(uvicorn.Server):
 
 async def run_frontend(cfg: FrontendServiceConfig) -> None:
     stack = await RoutingStack.open(
-        StackConfig(cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client),
+        StackConfig(
+            cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client, cfg.disagg
+        ),
         name=cfg.frontend_id,
     )
     app = Frontend(

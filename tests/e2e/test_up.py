@@ -414,3 +414,66 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
+
+
+def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> None:
+    """``jetfleet up --disagg``: the connector starts a prefill and a decode pool, the planner
+    plans both roles, a long prompt is prefilled remotely and a short one locally."""
+    port = free_port()
+    out = tmp_path / "up.out"
+    argv = cli_command(
+        "up",
+        "--disagg",
+        "--prefill-workers",
+        "1",
+        "--decode-workers",
+        "2",
+        "--speedup",
+        "20",
+        "--port",
+        str(port),
+        "--nats-port",
+        "0",
+        "--redis-port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--interval",
+        "1",
+    )
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        _wait_line(out, r"jetfleet is up.*1 prefill, 2 decode", 90, proc)
+        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+
+        def roles() -> list[str]:
+            status = subprocess.run(
+                cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
+            )
+            return sorted(w["role"] for w in json.loads(status.stdout)["workers"])
+
+        _wait_until(lambda: roles() == ["decode", "decode", "prefill"], 60, "three workers")
+        long = "Every pool has its own job to do here. " * 80
+        for content in (long, "short"):
+            r = client.chat.completions.create(
+                model="jetfleet-tiny",
+                messages=[{"role": "user", "content": content}],
+                max_tokens=16,
+            )
+            assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 16
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as m:
+            text = m.read().decode()
+        assert re.search(
+            r'disagg_placements_total\{.*placement="remote",reason="long_uncached"', text
+        )
+        assert re.search(
+            r'disagg_placements_total\{.*placement="local",reason="short_uncached"', text
+        )
+        planner_log = (tmp_path / "state" / "logs" / "planner.log").read_text()
+        assert "prefill" in planner_log and "decode" in planner_log
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code == 0, out.read_text()[-3000:]

@@ -8,6 +8,7 @@ block pool, timing) never reads it: the async engine divides each step's simulat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,17 @@ class MockerConfig:
     """Divisor of simulated time (1.0 = real time); applied by the async engine, not the core."""
     watermark: float = 0.01
     """Fraction of all blocks (0..1) kept free when admitting a sequence while others run."""
+    kv_transfer_bandwidth: float = 64.0
+    """GB/s of a decode worker's link for KV pulled from prefill workers (shared fairly by the
+    transfers in flight into it)."""
+    kv_transfer_mode: Literal["full_prompt", "destination_missing"] = "destination_missing"
+    """Which prompt blocks a remote prefill moves: all, or only those this worker lacks."""
+    kv_block_bytes: int = 0
+    """Bytes of one KV block (0: from the model's config.json, layers x 2 x KV heads x head dim x
+    dtype bytes x block size; 2 MiB per 16 tokens when it does not say)."""
+    kv_hold_timeout_s: float = 30.0
+    """A prefill worker frees the blocks of a finished remote-decode request after this long if
+    the decode side never confirmed it pulled them."""
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1 or self.block_size < 1 or self.max_num_seqs < 1:
@@ -36,6 +48,14 @@ class MockerConfig:
             raise ValueError("max_num_batched_tokens and speedup must be positive")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
+        if self.kv_transfer_bandwidth <= 0 or self.kv_block_bytes < 0:
+            raise ValueError("kv_transfer_bandwidth must be positive, kv_block_bytes >= 0")
+        if self.kv_transfer_mode not in ("full_prompt", "destination_missing"):
+            raise ValueError("kv_transfer_mode must be full_prompt or destination_missing")
+
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_block_bytes or (2 << 20) * self.block_size // 16
 
     @property
     def watermark_blocks(self) -> int:

@@ -80,6 +80,7 @@ class MockerEngine:
         vocab: tuple[int, ...],
         encode: Callable[[str], list[int]] | None = None,
         hidden_size: int = 0,
+        engine_id: str = "",
     ) -> None:
         """``encode``: the model's tokenizer, for structured output (the text is generated as
         the tokens of a schema instance); without it structured requests fail. ``hidden_size``:
@@ -94,6 +95,15 @@ class MockerEngine:
         self._logprobs: dict[str, _Logprobs] = {}
         self.hidden_size = hidden_size or 1024
         self._embeds: dict[str, tuple[tuple[int, ...], int | None]] = {}
+        # Disaggregation: this worker's id in the transfer parameters it returns; the prefill
+        # side of each remote decode in flight here (to tell it the KV was pulled); the
+        # transfer time of each landed transfer until its first output; the hold timers.
+        self.engine_id = engine_id
+        self.on_kv_pulled: Callable[[str, str], None] = lambda _engine, _request: None
+        self._remote: dict[str, tuple[str, str]] = {}
+        self._transfer_ms: dict[str, float] = {}
+        self._hold_timers: dict[str, asyncio.TimerHandle] = {}
+        self._holding: set[str] = set()  # prefills for remote decodes still running
         self._sinks: dict[str, OutputSink] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -127,6 +137,18 @@ class MockerEngine:
             except Unsatisfiable as exc:
                 sink.on_output(EngineOutput(rid, (), True, "error", error=f"mocker: {exc}"))
                 return
+        params = request.kv_transfer_params or {}
+        remote_prompt, hold = 0, bool(params.get("do_remote_decode"))
+        if params.get("do_remote_prefill"):
+            remote_prompt = int(str(params.get("remote_num_tokens", 0)))
+            if not 0 < remote_prompt <= len(request.token_ids):
+                error = f"mocker: remote_num_tokens {remote_prompt} does not fit the prompt"
+                sink.on_output(EngineOutput(rid, (), True, "error", error=error))
+                return
+            self._remote[rid] = (
+                str(params.get("remote_engine_id", "")),
+                str(params.get("remote_request_id", "")),
+            )
         if request.task == "embed":
             if request.dimensions is not None and request.dimensions > self.hidden_size:
                 error = f"dimensions must be at most {self.hidden_size}, got {request.dimensions}"
@@ -149,8 +171,12 @@ class MockerEngine:
                 first_position=request.num_generated_before,
                 forced=forced,
                 embed=request.task == "embed",
+                remote_prompt=remote_prompt,
+                hold=hold,
             )
         )
+        if hold:
+            self._holding.add(rid)
         self._wake.set()
 
     def _forced(self, structured: StructuredOutput, seed: int) -> tuple[int, ...]:
@@ -166,6 +192,10 @@ class MockerEngine:
         sink = self._sinks.pop(request_id, None)
         self._logprobs.pop(request_id, None)
         self._embeds.pop(request_id, None)
+        self._holding.discard(request_id)
+        self._transfer_ms.pop(request_id, None)
+        self._notify_pulled(request_id)  # the prefill side need not hold the blocks any longer
+        self._cancel_hold(request_id)
         found = self._scheduler.abort(request_id)
         self._flush_kv_events()
         if sink is not None:
@@ -209,6 +239,12 @@ class MockerEngine:
             self._sleeping = False
             self._wake.set()
             return ControlResult(True, "awake")
+        if op == "kv_release":  # the decode side pulled (or gave up on) a held prefill
+            rid = args.get("request_id", "")
+            self._cancel_hold(rid)
+            found = self._scheduler.release_held(rid)
+            self._flush_kv_events()
+            return ControlResult(found, "" if found else f"no blocks held for {rid!r}")
         if op == "lora_list":
             return ControlResult(True, data={"loras": []})
         if op in ("lora_load", "lora_unload"):
@@ -235,6 +271,10 @@ class MockerEngine:
                 logprobs, prompt_lps = self._logprobs_of(out, lp)
                 if out.finished:
                     del self._logprobs[out.request_id]
+            transfer_ms = self._transfer_ms.pop(out.request_id, 0.0) if self._transfer_ms else 0
+            params = None
+            if out.finished and out.request_id in self._holding:
+                params = self._hold(out)
             vector = None
             if out.finished and self._embeds:
                 embed = self._embeds.pop(out.request_id, None)
@@ -251,8 +291,50 @@ class MockerEngine:
                     logprobs=logprobs,
                     prompt_logprobs=prompt_lps,
                     embedding=vector,
+                    kv_transfer_params=params,
+                    kv_transfer_ms=transfer_ms,
                 )
             )
+
+    def _hold(self, out: SeqOutput) -> dict[str, object] | None:
+        """A finished prefill for a remote decode: its blocks stay until the decode side says
+        it pulled them (``kv_release``) or ``kv_hold_timeout_s`` passes; the parameters the
+        decode worker needs."""
+        rid = out.request_id
+        self._holding.discard(rid)
+        if out.finish_reason == "error":
+            return None
+        loop = asyncio.get_running_loop()
+        self._hold_timers[rid] = loop.call_later(
+            self.config.kv_hold_timeout_s / self.config.speedup, self._hold_expired, rid
+        )
+        return {
+            "do_remote_prefill": True,
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": rid,
+            "remote_num_tokens": out.num_prompt_tokens,
+        }
+
+    def _hold_expired(self, rid: str) -> None:
+        self._hold_timers.pop(rid, None)
+        if self._scheduler.release_held(rid):
+            log.warning("kv_hold_expired", request_id=rid)
+            self._flush_kv_events()
+
+    def _cancel_hold(self, rid: str) -> None:
+        timer = self._hold_timers.pop(rid, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _notify_pulled(self, rid: str) -> None:
+        remote = self._remote.pop(rid, None)
+        if remote is not None and remote[0]:
+            self.on_kv_pulled(*remote)
+
+    def _landed(self, transfers: tuple[tuple[str, float], ...]) -> None:
+        for rid, ms in transfers:
+            self._transfer_ms[rid] = ms
+            self._notify_pulled(rid)
 
     def _logprobs_of(
         self, out: SeqOutput, lp: _Logprobs
@@ -290,6 +372,8 @@ class MockerEngine:
             next_at = max(next_at + result.simulated_ms / 1000.0 / speedup, clock() - 0.05)
             delay = next_at - clock()
             await asyncio.sleep(delay if delay > 0 else 0)
+            if result.transfers_done:
+                self._landed(result.transfers_done)
             self._dispatch(result.outputs)
             self._flush_kv_events()
 

@@ -23,6 +23,17 @@ Each step, with a token budget of ``max_num_batched_tokens``:
    step's simulated duration is ``timing.step_ms`` (see ``timing`` for how prefill and decode
    combine).
 
+**Disaggregation.** A sequence with ``remote_prompt`` tokens (decode side) is admitted with
+blocks for its whole prompt at once and then *waits for remote KV*: it is running (it holds its
+blocks and a slot) but computes nothing until the transfer ends. Its bytes are the blocks to move
+(every prompt block, or under ``destination_missing`` only those not already cached here) times
+``block_bytes``; the worker's link (``kv_transfer_bandwidth``) is shared fairly by the transfers
+in flight, and they progress during every step (compute and transfer overlap). A step with
+nothing to compute lasts until the next transfer completes. A completed transfer commits the
+prompt's blocks (``BlockStored``) and the sequence continues as if it had prefilled; a preempted
+one recomputes locally later (its KV is gone). A sequence with ``hold`` (prefill side) keeps its
+blocks after finishing until ``release_held``.
+
 A request that could never run — ``prompt + max_tokens - 1`` tokens of KV above the pool, or,
 without chunked prefill, above the token budget (vLLM requires ``max_num_batched_tokens >=
 max_model_len`` then) — is finished with ``"error"`` at the next step instead of waiting forever.
@@ -78,6 +89,7 @@ class StepResult:
     num_prefill_tokens: int = 0  # tokens computed by prefilling sequences
     num_decode_seqs: int = 0  # sequences that computed just their last sampled token
     preempted: tuple[str, ...] = ()  # request ids preempted in this step
+    transfers_done: tuple[tuple[str, float], ...] = ()  # (request id, transfer ms) completed
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +103,8 @@ class SchedulerStats:
     num_preempted_total: int
     prompt_tokens_total: int  # prompt tokens of admitted requests
     cached_tokens_total: int  # of which served by the prefix cache
+    num_transferring: int = 0  # sequences waiting for remote KV
+    num_held_blocks: int = 0  # blocks kept for remote decodes that have not pulled them yet
 
 
 def default_token_source(seed: int, position: int) -> int:
@@ -116,6 +130,8 @@ class Scheduler:
         self._preempted_total = 0
         self._prompt_total = 0
         self._cached_total = 0
+        self._held: dict[str, list[int]] = {}  # request id -> blocks kept for a remote decode
+        self._bytes_per_ms = config.kv_transfer_bandwidth * 1e6  # GB/s = 1e6 bytes per ms
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: SeqRequest) -> None:
@@ -137,8 +153,19 @@ class Scheduler:
             return True
         return not cfg.enable_chunked_prefill and kv_tokens > cfg.max_num_batched_tokens
 
+    def release_held(self, request_id: str) -> bool:
+        """Free the blocks a finished ``hold`` request kept (the decode side pulled them, or
+        gave up); False if none are held for it."""
+        blocks = self._held.pop(request_id, None)
+        if blocks is None:
+            return False
+        self.pool.free(blocks)
+        return True
+
     def abort(self, request_id: str) -> bool:
         """Drop a live request and free its blocks (full ones stay cached)."""
+        if self.release_held(request_id):
+            return True
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return False
@@ -177,7 +204,52 @@ class Scheduler:
         budget = self._schedule_running(self.config.max_num_batched_tokens, scheduled, preempted)
         if not preempted:
             self._schedule_waiting(budget, scheduled)
-        return self._execute(scheduled, preempted, outputs)
+        result = self._execute(scheduled, preempted, outputs)
+        transferring = [s for s in self.running if s.transfer_left > 0]
+        if not transferring:
+            return result
+        ms = result.simulated_ms
+        if not scheduled:  # nothing computes: the step lasts until the next transfer lands
+            ms = min(s.transfer_left for s in transferring) * len(transferring)
+            ms /= self._bytes_per_ms
+        done = self._advance_transfers(transferring, ms)
+        return StepResult(
+            ms,
+            result.outputs,
+            result.num_prefill_tokens,
+            result.num_decode_seqs,
+            result.preempted,
+            tuple(done),
+        )
+
+    def _advance_transfers(self, active: list[Sequence], ms: float) -> list[tuple[str, float]]:
+        """Move ``ms`` of fair-shared link time into the transfers in flight; the completed
+        ones commit their prompt blocks and are ready to decode."""
+        done: list[tuple[str, float]] = []
+        left = ms
+        while active and left > 1e-12:
+            share = self._bytes_per_ms / len(active)  # bytes per ms each
+            first = min(s.transfer_left for s in active) / share
+            dt = min(first, left)
+            for s in active:
+                s.transfer_left -= share * dt
+                s.transfer_ms += dt
+            left -= dt
+            finished = [s for s in active if s.transfer_left <= 1e-6]
+            for s in finished:
+                self._land(s)
+                done.append((s.request_id, s.transfer_ms))
+            active = [s for s in active if s.transfer_left > 1e-6]
+        for s in active:  # a step with nothing moving still counts as waiting time
+            s.transfer_ms += left
+        return done
+
+    def _land(self, seq: Sequence) -> None:
+        seq.transfer_left = 0.0
+        seq.transferred = True
+        seq.num_computed = max(seq.num_computed, seq.req.remote_prompt)
+        if seq.num_computed // self._bs > seq.num_committed:
+            self._commit(seq)
 
     def _chunk(self, todo: int, budget: int) -> int:
         """Tokens to compute now out of ``todo`` (0: wait for a step with more budget)."""
@@ -193,6 +265,8 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             i += 1
+            if seq.transfer_left > 0:
+                continue  # waiting for its remote KV
             n = self._chunk(len(seq.tokens) - seq.num_computed, budget)
             if n == 0:
                 continue
@@ -228,6 +302,12 @@ class Scheduler:
         waiting, running = self.waiting, self.running
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             seq = waiting[0]
+            if seq.req.remote_prompt and not seq.transferred:
+                if not self._admit_remote(seq):
+                    break
+                waiting.popleft()
+                running.append(seq)
+                continue
             n = self._admit(seq, budget)
             if n == 0:
                 break
@@ -235,6 +315,34 @@ class Scheduler:
             running.append(seq)
             scheduled.append((seq, n))
             budget -= n
+
+    def _admit_remote(self, seq: Sequence) -> bool:
+        """Blocks for the whole remote prompt (its cached prefix reused), and the transfer of
+        the blocks to move; False when they do not fit now."""
+        bs, pool, remote = self._bs, self.pool, seq.req.remote_prompt
+        cached = pool.match_prefix(seq.hashes_upto(bs, remote // bs)) if self._caching else []
+        prompt_blocks = -(-remote // bs)
+        need = max(-(-len(seq.tokens) // bs), prompt_blocks) - len(cached)
+        reserve = self.config.watermark_blocks if self.running else 0
+        if pool.num_free - pool.count_unreferenced(cached) - need < reserve:
+            return False
+        pool.take(cached)
+        blocks = pool.allocate(need)
+        assert blocks is not None  # checked above
+        seq.block_ids = [*cached, *blocks]
+        seq.num_computed = len(cached) * bs
+        seq.num_committed = len(cached)
+        seq.status = SeqStatus.RUNNING
+        seq.num_cached_tokens = len(cached) * bs
+        self._prompt_total += seq.num_prompt
+        self._cached_total += seq.num_cached_tokens
+        move = prompt_blocks
+        if self.config.kv_transfer_mode == "destination_missing":
+            move -= len(cached)
+        seq.transfer_left = float(move * self.config.block_bytes)
+        if move == 0:
+            self._land(seq)
+        return True
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Give ``seq`` its cached prefix and blocks for its first chunk; the chunk's tokens
@@ -316,7 +424,10 @@ class Scheduler:
         done = stop or len(seq.output) >= req.max_tokens
         if done:
             seq.status = SeqStatus.FINISHED
-            self.pool.free(seq.block_ids)
+            if req.hold:
+                self._held[seq.request_id] = seq.block_ids  # until the decode side pulls them
+            else:
+                self.pool.free(seq.block_ids)
             del self._seqs[seq.request_id]
         return SeqOutput(
             seq.request_id,
@@ -368,4 +479,6 @@ class Scheduler:
             num_preempted_total=self._preempted_total,
             prompt_tokens_total=self._prompt_total,
             cached_tokens_total=self._cached_total,
+            num_transferring=sum(1 for s in self.running if s.transfer_left > 0),
+            num_held_blocks=sum(len(b) for b in self._held.values()),
         )

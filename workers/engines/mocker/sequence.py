@@ -27,6 +27,11 @@ class SeqRequest:
     # order instead of sampling and finishes with "stop" after the last one.
     forced: tuple[int, ...] = ()
     embed: bool = False  # an embedding: the prompt is computed, no token is generated
+    # Disaggregation. Decode side: the KV of the first ``remote_prompt`` tokens comes from a
+    # prefill worker (a simulated transfer) instead of being computed. Prefill side: ``hold``
+    # keeps the blocks after the request finishes, until the decode side has pulled them.
+    remote_prompt: int = 0
+    hold: bool = False
 
 
 class SeqStatus(Enum):
@@ -47,6 +52,9 @@ class Sequence:
     num_committed: int = 0  # leading blocks registered in the prefix cache
     hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks of `tokens`
     num_cached_tokens: int = -1  # prompt tokens hit in the cache at first admission (-1: not yet)
+    transfer_left: float = 0.0  # bytes of remote KV still to arrive (> 0: waiting for it)
+    transfer_ms: float = 0.0  # simulated time its transfer took
+    transferred: bool = False  # the remote KV arrived (a preemption then recomputes locally)
 
     @classmethod
     def new(cls, req: SeqRequest) -> Sequence:

@@ -1,0 +1,80 @@
+"""Disaggregated serving: where each request's prefill runs. Pure.
+
+A fleet with ``decode`` workers serves a request in two phases when that pays: a ``prefill``
+worker computes the prompt (``max_tokens=1``, ``kv_transfer_params={"do_remote_decode": true}``)
+and keeps its KV; the decode worker the router chose pulls that KV and generates the rest.
+Otherwise the decode worker prefills locally. The choice is made per request, from the decode
+worker's own view of the prompt (the part it has not cached) and the prefill pool's load:
+
+============  =====================================================================
+never         always local
+always        always remote (when a prefill worker exists)
+isl           remote when the uncached part is at least ``isl_threshold`` tokens
+load          remote unless every prefill worker holds ``prefill_queue_limit`` requests
+isl_or_load   remote when the uncached part is long and the prefill pool is not saturated
+============  =====================================================================
+
+Every decision carries its reason (``RequestObservation.disagg_reason``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Policy = Literal["never", "always", "isl", "load", "isl_or_load"]
+POLICIES: tuple[str, ...] = ("never", "always", "isl", "load", "isl_or_load")
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    policy: Policy = "isl_or_load"
+    """How each request's prefill is placed (see router/disagg.py)."""
+    isl_threshold: int = 2048
+    """A prompt whose part the decode worker has not cached is at least this long goes remote."""
+    prefill_queue_limit: int = 4
+    """The prefill pool is saturated when every prefill worker holds this many requests."""
+    prefill_timeout_s: float = 30.0
+    """A remote prefill that gives no answer for this long is abandoned: the decode worker
+    prefills itself."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"disagg policy must be one of {', '.join(POLICIES)}")
+        if self.isl_threshold < 0 or self.prefill_queue_limit < 1 or self.prefill_timeout_s <= 0:
+            raise ValueError("isl_threshold >= 0, prefill_queue_limit >= 1, timeout > 0")
+
+
+@dataclass(frozen=True)
+class Placement:
+    remote: bool
+    reason: str  # why: "policy_never", "no_prefill_workers", "short_uncached", ...
+
+
+def uncached_tokens(prompt_len: int, overlap_blocks: int, block_size: int) -> int:
+    """What the decode worker would have to compute itself."""
+    return max(prompt_len - overlap_blocks * block_size, 0)
+
+
+def saturated(queued: Sequence[int], limit: int) -> bool:
+    """Every prefill worker (its requests as best known) at the limit or past it."""
+    return bool(queued) and all(q >= limit for q in queued)
+
+
+def place(cfg: DisaggConfig, uncached: int, prefill_queued: Sequence[int]) -> Placement:
+    """Remote or local prefill for a prompt the decode worker lacks ``uncached`` tokens of;
+    ``prefill_queued``: each live prefill worker's requests."""
+    if cfg.policy == "never":
+        return Placement(False, "policy_never")
+    if not prefill_queued:
+        return Placement(False, "no_prefill_workers")
+    if cfg.policy == "always":
+        return Placement(True, "policy_always")
+    short = uncached < cfg.isl_threshold
+    full = saturated(prefill_queued, cfg.prefill_queue_limit)
+    if cfg.policy in ("isl", "isl_or_load") and short:
+        return Placement(False, "short_uncached")
+    if cfg.policy in ("load", "isl_or_load") and full:
+        return Placement(False, "prefill_saturated")
+    return Placement(True, "long_uncached" if cfg.policy != "load" else "prefill_free")

@@ -1,0 +1,346 @@
+"""The client a frontend and the router service use: aggregated workers as ever, and for a model
+with ``decode`` workers a per-request placement of the prefill (``router/disagg.py``).
+
+Remote placement, for a request ``r``:
+
+1. the decode worker is chosen first (KV-aware over the decode workers, reserved), so the
+   decision sees what that worker has cached;
+2. ``r-prefill`` goes to the prefill pool (KV-aware over the prefill workers' own events) with
+   ``max_tokens=1`` and ``kv_transfer_params={"do_remote_decode": true}``; its one token is
+   the client's first token (relayed onto ``fleet.tok.r`` for NATS clients);
+3. ``r`` goes to the chosen decode worker as attempt 1: the prompt plus that token
+   (``num_generated_before=1``) with the prefill's ``kv_transfer_params``; the decode worker
+   pulls the KV and generates the rest.
+
+A prefill that fails, stalls past ``prefill_timeout_s`` or cannot be placed falls back to a local
+prefill on the same decode worker: the client sees a normal answer. The prefill worker frees the
+blocks it held when the decode worker confirms the pull, when the frontend says none will come
+(``kv_release``), or after its own hold timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+import structlog
+
+from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
+from router.disagg import DisaggConfig, Placement, place, uncached_tokens
+from schemas import (
+    ControlRequest,
+    Request,
+    RequestObservation,
+    RouteDecision,
+    TokenChunk,
+    encode,
+)
+
+log = structlog.get_logger("jetfleet.disagg")
+
+
+class DisaggClient:
+    def __init__(
+        self,
+        agg: FleetClient,
+        prefill: FleetClient,
+        decode: FleetClient,
+        cfg: DisaggConfig,
+        relay_first_token: bool = False,
+    ) -> None:
+        """``relay_first_token``: publish the prefill's token on the request's own token
+        subject (the router service: its clients read that subject, not this process)."""
+        self.agg, self.prefill, self.decode = agg, prefill, decode
+        self.cfg = cfg
+        self.relay = relay_first_token
+        self.subjects = agg.subjects
+        self.state = agg.state
+        self.nc = agg.nc
+        self.on_placement: Callable[[str, Placement], None] = lambda _model, _p: None
+
+    def start(self) -> None:
+        for c in (self.agg, self.prefill, self.decode):
+            c.start()
+
+    async def stop(self) -> None:
+        for c in (self.agg, self.prefill, self.decode):
+            await c.stop()
+
+    def worker_gone(self, worker_id: str) -> None:
+        for c in (self.agg, self.prefill, self.decode):
+            c.worker_gone(worker_id)
+
+    async def generate(
+        self, request: Request, traceparent: str | None = None
+    ) -> Generation | DisaggGeneration:
+        model = request.model
+        if not self.state.candidates(model, "decode"):
+            return await self.agg.generate(request, traceparent)
+        routed = await self.decode.route_request(request)
+        placement = self._place(request, routed[1])
+        self.on_placement(model, placement)
+        if placement.remote:
+            accepted = time.monotonic()
+            prefill_req = _prefill_request(request)
+            try:
+                pgen = await self.prefill.generate(prefill_req, traceparent)
+            except (NoWorkersError, OverloadedError) as exc:
+                log.info("prefill_unplaced", request_id=request.request_id, error=str(exc))
+                placement = Placement(False, "prefill_unavailable")
+            else:
+                gen = DisaggGeneration(self, request, routed, traceparent, pgen, accepted)
+                gen.disagg_reason = placement.reason
+                return gen
+        local = await self.decode.generate(request, traceparent, routed=routed)
+        local.disagg, local.disagg_reason = "local", placement.reason
+        return local
+
+    def _place(self, request: Request, decision: RouteDecision | None) -> Placement:
+        if request.task != "generate" or request.prompt_embeds is not None:
+            return Placement(False, "not_a_prefill")
+        overlap, block_size = 0, 16
+        if decision is not None:
+            chosen = [c for c in decision.candidates if c.worker_id == decision.worker_id]
+            overlap = chosen[0].overlap_blocks if chosen else 0
+            view = self.state.workers.get(decision.worker_id)
+            block_size = view.reg.block_size if view is not None else block_size
+        uncached = uncached_tokens(len(request.token_ids), overlap, block_size)
+        queued = [v.queued_estimate() for v in self.state.candidates(request.model, "prefill")]
+        return place(self.cfg, uncached, queued)
+
+    async def release_prefill(self, worker_id: str, request_id: str) -> None:
+        """Tell a prefill worker its held blocks will not be pulled."""
+        if not worker_id:
+            return
+        body = encode(ControlRequest(args={"request_id": request_id}))
+        with contextlib.suppress(Exception):
+            await self.nc.publish(self.subjects.ctl(worker_id, "kv_release"), body)
+
+
+def _prefill_request(request: Request) -> Request:
+    sampling = msgspec.structs.replace(request.sampling, max_tokens=1, min_tokens=1)
+    return msgspec.structs.replace(
+        request,
+        request_id=f"{request.request_id}-prefill",
+        sampling=sampling,
+        kv_transfer_params={"do_remote_decode": True},
+        route=None,
+    )
+
+
+def _merge(chunks: list[TokenChunk]) -> TokenChunk:
+    """A prefill's chunks (usually one) as one."""
+    last = chunks[-1]
+    logprobs = [lp for c in chunks for lp in c.logprobs or ()]
+    return msgspec.structs.replace(
+        last,
+        token_ids=tuple(t for c in chunks for t in c.token_ids),
+        text="".join(c.text for c in chunks),
+        logprobs=tuple(logprobs) if any(c.logprobs is not None for c in chunks) else None,
+        prompt_logprobs=next((c.prompt_logprobs for c in chunks if c.prompt_logprobs), None),
+    )
+
+
+class DisaggGeneration:
+    """One remotely prefilled request, iterated like a ``Generation``: the prefill's token, then
+    the decode worker's stream (or, when the prefill fails, a local prefill's whole stream)."""
+
+    def __init__(
+        self,
+        owner: DisaggClient,
+        request: Request,
+        routed: tuple[str, RouteDecision | None],
+        traceparent: str | None,
+        prefill: Generation,
+        accepted: float,
+    ) -> None:
+        self.owner = owner
+        self.request = request
+        self.prompt_len = len(request.token_ids)
+        self.decision = routed[1]
+        self.worker_id = self.decision.worker_id if self.decision else ""
+        self.generated: list[int] = []
+        self.cached_tokens = 0
+        self.disagg, self.disagg_reason = "remote", "long_uncached"
+        self.prefill_worker_id = ""
+        self.prefill_s = 0.0
+        self.kv_transfer_ms = 0.0
+        self._routed = routed
+        self._traceparent = traceparent
+        self._accepted = accepted
+        self._prefill: Generation | None = prefill
+        self._decode: Generation | None = None
+        self._idle: asyncio.Queue[Any] = asyncio.Queue()
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def attempts(self) -> int:
+        """Tries of the request (the decode phase starts as attempt 1: not a migration)."""
+        if self._decode is None:
+            return 1
+        return self._decode.attempts - (1 if self.disagg == "remote" else 0)
+
+    @property
+    def queue(self) -> asyncio.Queue[Any]:
+        current = self._decode or self._prefill
+        return current.queue if current is not None else self._idle
+
+    def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[TokenChunk]:
+        first = await self._prefill_answer()
+        req = self.request
+        if first is None:  # no usable prefill: the decode worker prefills itself
+            self._decode = await self._start_decode(req)
+            async for chunk in self._follow(self._decode):
+                yield chunk
+            return
+        params = first.kv_transfer_params or {}
+        done = first.finish_reason == "stop" or req.sampling.max_tokens <= len(first.token_ids)
+        self.generated.extend(first.token_ids)
+        relay = TokenChunk(
+            request_id=req.request_id,
+            attempt=0,
+            index=0,
+            token_ids=first.token_ids,
+            text=first.text,
+            finish_reason=first.finish_reason if done else None,
+            usage=first.usage if done else None,
+            worker_id=first.worker_id,
+            logprobs=first.logprobs,
+            prompt_logprobs=first.prompt_logprobs,
+        )
+        if self.owner.relay:
+            with contextlib.suppress(Exception):
+                await self.owner.nc.publish(self.owner.subjects.tok(req.request_id), encode(relay))
+        if done:
+            await self.owner.decode.unroute(req.request_id)
+            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(req))
+            yield relay
+            return
+        yield relay
+        n = len(first.token_ids)
+        decode_req = msgspec.structs.replace(
+            req,
+            token_ids=req.token_ids + first.token_ids,
+            num_generated_before=n,
+            attempt=1,
+            sampling=msgspec.structs.replace(
+                req.sampling,
+                max_tokens=req.sampling.max_tokens - n,
+                min_tokens=max(req.sampling.min_tokens - n, 0),
+            ),
+            kv_transfer_params=dict(params),
+        )
+        self._decode = await self._start_decode(decode_req)
+        async for chunk in self._follow(self._decode):
+            yield chunk
+
+    async def _start_decode(self, request: Request) -> Generation:
+        try:
+            return await self.owner.decode.generate(request, self._traceparent, self._routed)
+        except Exception:
+            await self.owner.decode.unroute(request.request_id)
+            raise
+
+    async def _follow(self, gen: Generation) -> AsyncIterator[TokenChunk]:
+        async for chunk in gen:
+            self.generated.extend(chunk.token_ids)
+            if chunk.usage is not None:
+                self.cached_tokens = max(self.cached_tokens, chunk.usage.cached_tokens)
+                self.kv_transfer_ms = chunk.usage.kv_transfer_ms or self.kv_transfer_ms
+            yield chunk
+
+    async def _prefill_answer(self) -> TokenChunk | None:
+        """The prefill's merged answer, or None (failed, stalled, no transfer parameters)."""
+        gen = self._prefill
+        assert gen is not None
+        chunks: list[TokenChunk] = []
+
+        async def collect() -> None:
+            async for chunk in gen:
+                chunks.append(chunk)
+
+        reason = ""
+        try:
+            await asyncio.wait_for(collect(), self.owner.cfg.prefill_timeout_s)
+        except TimeoutError:
+            reason = "prefill_timeout"
+            await gen.cancel("prefill_timeout")
+        self.prefill_worker_id = gen.worker_id
+        self.prefill_s = time.monotonic() - self._accepted
+        self._prefill = None
+        answer = _merge(chunks) if chunks else None
+        if not reason and (answer is None or answer.finish_reason in ("error", "abort")):
+            reason = "prefill_failed"
+        elif not reason and answer is not None and not answer.kv_transfer_params:
+            reason = "prefill_without_transfer"
+        if answer is not None and answer.usage is not None:
+            self.cached_tokens = answer.usage.cached_tokens
+        if reason:
+            log.warning(
+                "prefill_fallback",
+                request_id=self.request_id,
+                prefill_worker=self.prefill_worker_id,
+                reason=reason,
+                error=answer.error if answer is not None else None,
+            )
+            self.disagg, self.disagg_reason = "local", reason
+            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+            return None
+        return answer
+
+    async def cancel(self, reason: str = "client_disconnected") -> None:
+        if self._prefill is not None:
+            await self._prefill.cancel(reason)
+        if self._decode is not None:
+            await self._decode.cancel(reason)
+        elif self._prefill is None and self.prefill_worker_id:
+            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+        if self._decode is None:
+            await self.owner.decode.unroute(self.request_id)
+
+    def observation(self, **kwargs: Any) -> RequestObservation:
+        inner = self._decode
+        if inner is not None:
+            obs = inner.observation(**kwargs)
+        else:
+            obs = RequestObservation(
+                request_id=self.request_id,
+                model=self.request.model,
+                status=kwargs["status"],
+                ts_s=time.time(),
+                worker_id=self.worker_id,
+                frontend_id=kwargs["source"],
+                finish_reason=kwargs.get("finish_reason"),
+                error=kwargs.get("error"),
+            )
+        accepted, first_at, last_at = kwargs["accepted"], kwargs["first_at"], kwargs["last_at"]
+        osl = len(self.generated)
+        return msgspec.structs.replace(
+            obs,
+            isl_tokens=self.prompt_len,
+            osl_tokens=osl,
+            cached_tokens=self.cached_tokens,
+            ttft_s=(first_at - accepted) if first_at else 0.0,
+            itl_s=(last_at - first_at) / (osl - 1) if osl > 1 and first_at and last_at else 0.0,
+            disagg=self.disagg,
+            disagg_reason=self.disagg_reason,
+            prefill_worker_id=self.prefill_worker_id,
+            prefill_s=self.prefill_s,
+            kv_transfer_ms=self.kv_transfer_ms,
+            route=self.decision,
+            attempts=self.attempts,
+        )
+
+
+def _prefill_id(request: Request) -> str:
+    return f"{request.request_id}-prefill"

@@ -1,0 +1,223 @@
+"""Disaggregated serving on real processes: a prefill and a decode mocker worker, frontends that
+place every prefill remotely (``always``) or never; the official client; the observations; both
+sides' blocks freed; a prefill worker that stalls or dies mid-handoff."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from schemas import RequestObservation, WorkerLoad, decode
+from tests.e2e.fleet import Fleet, free_port
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+MODEL = "jetfleet-tiny"
+LONG = "The quick brown fox jumps over the lazy dog. " * 60  # ~2.7k tokens
+
+
+@pytest.fixture(scope="module")
+def disagg(nats_server, redis_server, tmp_path_factory) -> Iterator[tuple[Fleet, str, str]]:
+    """KV-aware routing over each pool (the prefill and decode workers' own KV events)."""
+    f = Fleet(nats_server.url, tmp_path_factory.mktemp("disagg-logs"), redis_url=redis_server.url)
+    try:
+        f.add_worker("--role", "prefill")
+        f.add_worker("--role", "decode")
+        f.start_indexer()
+        remote = f.start_frontend("--disagg-policy", "always", "--prefill-timeout", "3")
+        local = f.start_frontend(
+            "--disagg-policy", "never", name="frontend-local", port=free_port()
+        )
+        yield f, remote, local
+    finally:
+        f.stop()
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def _chat(url: str, stream: bool = False, **kw: Any) -> str:
+    args = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": LONG}],
+        "max_tokens": 12,
+        "seed": 7,
+    } | kw
+    if stream:
+        chunks = _client(url).chat.completions.create(**args, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    r = _client(url).chat.completions.create(**args)
+    assert r.usage.completion_tokens == args["max_tokens"]
+    return r.choices[0].message.content or ""
+
+
+async def _observations(fleet: Fleet, count: int, action) -> list[RequestObservation]:
+    import nats
+
+    nc = await nats.connect(fleet.nats_url)
+    got: list[RequestObservation] = []
+
+    async def on(msg) -> None:
+        got.append(decode(msg.data, RequestObservation))
+
+    await nc.subscribe(f"{fleet.prefix}.obs.{MODEL}", cb=on)
+    try:
+        await asyncio.to_thread(action)
+        await wait_for(lambda: len(got) >= count, timeout=10)
+    finally:
+        await nc.close()
+    return got
+
+
+async def _loads(fleet: Fleet) -> dict[str, WorkerLoad]:
+    """Each pool's load once both are idle with no block in use (waited for)."""
+    import nats
+
+    nc = await nats.connect(fleet.nats_url)
+    loads: dict[str, WorkerLoad] = {}
+
+    async def on(msg) -> None:
+        load = decode(msg.data, WorkerLoad)
+        loads[load.role] = load
+
+    await nc.subscribe(f"{fleet.prefix}.metrics.>", cb=on)
+    try:
+        await wait_for(
+            lambda: (
+                len(loads) == 2
+                and all(v.kv_usage == 0 and v.num_running == 0 for v in loads.values())
+            ),
+            timeout=10,
+        )
+    finally:
+        await nc.close()
+    return loads
+
+
+async def test_remote_and_local_prefill_give_the_same_answer_and_say_so(disagg) -> None:
+    fleet, remote, local = disagg
+    texts: dict[str, str] = {}
+
+    def run() -> None:
+        texts["remote"] = _chat(remote)
+        texts["remote-stream"] = _chat(remote, stream=True)
+        texts["local"] = _chat(local)
+
+    obs = await _observations(fleet, 3, run)
+    # the mocker's tokens are a function of (seed, position): the decode worker continues
+    # where the prefill worker's token left off, so the three answers are the same text
+    assert texts["remote"] == texts["remote-stream"] == texts["local"] and texts["remote"]
+    by = {o.disagg: o for o in obs}
+    assert {o.disagg for o in obs} == {"remote", "local"}
+    r = by["remote"]
+    assert r.disagg_reason == "policy_always" and r.prefill_worker_id and r.kv_transfer_ms > 0
+    assert r.worker_id != r.prefill_worker_id and r.attempts == 1 and r.osl_tokens == 12
+    assert by["local"].disagg_reason == "policy_never" and by["local"].kv_transfer_ms == 0
+    # the prefill worker freed what it held once the decode worker pulled it; nothing leaks
+    loads = await _loads(fleet)
+    assert set(loads) == {"prefill", "decode"}
+    assert "kv_hold_expired" not in fleet.log("worker-0")
+
+
+async def test_a_stalled_prefill_worker_falls_back_to_a_local_prefill(disagg) -> None:
+    fleet, remote, _ = disagg
+    pid = fleet.group.children["worker-0"].proc.pid  # the prefill worker
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        obs = await _observations(fleet, 1, lambda: _chat(remote, seed=9))
+        assert obs[0].disagg == "local" and obs[0].disagg_reason == "prefill_timeout"
+        assert obs[0].status == "ok" and obs[0].osl_tokens == 12
+        assert time.monotonic() - started < 15
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    await _loads(fleet)  # and once it runs again, nothing is left held on either side
+
+
+async def test_short_prompts_prefill_locally_under_the_default_policy(disagg) -> None:
+    fleet, _, _ = disagg
+    url = fleet.start_frontend(name="frontend-default", port=free_port())  # isl_or_load, 2048
+
+    def run() -> None:
+        _chat(url, messages=[{"role": "user", "content": "short"}])
+        fresh = "Pack my box with five dozen liquor jugs. " * 70  # nothing cached anywhere
+        _chat(url, messages=[{"role": "user", "content": fresh}])
+
+    obs = await _observations(fleet, 2, run)
+    assert sorted((o.disagg, o.disagg_reason) for o in obs) == [
+        ("local", "short_uncached"),
+        ("remote", "long_uncached"),
+    ]
+
+
+async def test_nats_clients_get_the_first_token_through_the_router_service(disagg) -> None:
+    """The prefill's token is relayed onto the request's own token subject (attempt 0), then the
+    decode worker's stream follows (attempt 1): a NATS-only client reads one whole answer."""
+    import nats
+
+    from schemas import Request, SamplingParams, TokenChunk, encode
+
+    fleet, _, _ = disagg
+    fleet.start_router_service("--router", "kv", "--disagg-policy", "always")
+    prompt = tuple(LONG.encode())
+    nc = await nats.connect(fleet.nats_url)
+    chunks: list[TokenChunk] = []
+    try:
+        sub = await nc.subscribe(f"{fleet.prefix}.tok.nats-1")
+        req = Request("nats-1", MODEL, prompt, SamplingParams(max_tokens=10, seed=3))
+        await nc.jetstream().publish(f"{fleet.prefix}.submit.{MODEL}", encode(req))
+        while not chunks or chunks[-1].finish_reason is None:
+            msg = await sub.next_msg(timeout=15)
+            chunks.append(decode(msg.data, TokenChunk))
+    finally:
+        await nc.close()
+    assert [(c.attempt, c.index) for c in chunks][:2] == [(0, 0), (1, 0)]
+    assert sum(len(c.token_ids) for c in chunks) == 10 and chunks[-1].finish_reason == "length"
+
+
+async def test_requests_in_flight_complete_when_the_prefill_worker_dies(disagg) -> None:
+    """kill -9 of the only prefill worker while 6 remote prefills run: every request ends with
+    a whole answer (prefilled on the decode worker instead), and the decode worker ends with no
+    block in use. (Last in this module: the fleet has no prefill worker afterwards.)"""
+    fleet, remote, _ = disagg
+    prompts = [f"{i} Sphinx of black quartz, judge my vow. " * 80 for i in range(6)]
+
+    def one(p: str) -> str:
+        return _chat(remote, messages=[{"role": "user", "content": p}], max_tokens=30)
+
+    async def run() -> list[str]:
+        tasks = [asyncio.create_task(asyncio.to_thread(one, p)) for p in prompts]
+        await asyncio.sleep(0.05)
+        fleet.kill(f"{fleet.prefix}-worker-0")
+        return await asyncio.gather(*tasks)
+
+    texts = await run()
+    assert all(len(t) > 0 for t in texts)
+    after = await _observations(fleet, 1, lambda: _chat(remote, seed=11))
+    assert after[0].disagg == "local" and after[0].status == "ok"
+    # the dead worker until discovery drops it, then no prefill worker at all
+    assert after[0].disagg_reason in ("prefill_failed", "prefill_timeout", "no_prefill_workers")
+    import nats
+
+    nc = await nats.connect(fleet.nats_url)
+    decode_load: list[WorkerLoad] = []
+
+    async def on(msg) -> None:
+        load = decode(msg.data, WorkerLoad)
+        if load.role == "decode":
+            decode_load.append(load)
+
+    await nc.subscribe(f"{fleet.prefix}.metrics.>", cb=on)
+    try:
+        await wait_for(lambda: decode_load and decode_load[-1].kv_usage == 0, timeout=10)
+    finally:
+        await nc.close()

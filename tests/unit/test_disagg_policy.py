@@ -1,0 +1,41 @@
+"""Where a prefill runs (router/disagg.py): every policy, every reason, the thresholds' edges."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.disagg import DisaggConfig, Placement, place, saturated, uncached_tokens
+
+
+@pytest.mark.parametrize(
+    ("policy", "uncached", "queued", "expected"),
+    [
+        ("never", 9000, [0], Placement(False, "policy_never")),
+        ("always", 10, [], Placement(False, "no_prefill_workers")),
+        ("always", 10, [9, 9], Placement(True, "policy_always")),
+        ("isl", 2047, [0], Placement(False, "short_uncached")),
+        ("isl", 2048, [9], Placement(True, "long_uncached")),
+        ("load", 10, [4, 3], Placement(True, "prefill_free")),
+        ("load", 9000, [4, 4], Placement(False, "prefill_saturated")),
+        ("isl_or_load", 2047, [0], Placement(False, "short_uncached")),
+        ("isl_or_load", 2048, [4, 5], Placement(False, "prefill_saturated")),
+        ("isl_or_load", 2048, [3, 5], Placement(True, "long_uncached")),
+        ("isl_or_load", 5000, [], Placement(False, "no_prefill_workers")),
+    ],
+)
+def test_placement(policy: str, uncached: int, queued: list[int], expected: Placement) -> None:
+    cfg = DisaggConfig(policy=policy, isl_threshold=2048, prefill_queue_limit=4)  # type: ignore[arg-type]
+    assert place(cfg, uncached, queued) == expected
+
+
+def test_helpers_and_validation() -> None:
+    assert uncached_tokens(100, 3, 16) == 52 and uncached_tokens(40, 3, 16) == 0
+    assert not saturated([], 1) and saturated([2, 2], 2) and not saturated([2, 1], 2)
+    for bad in (
+        {"policy": "sometimes"},
+        {"isl_threshold": -1},
+        {"prefill_queue_limit": 0},
+        {"prefill_timeout_s": 0},
+    ):
+        with pytest.raises(ValueError):
+            DisaggConfig(**bad)  # type: ignore[arg-type]
