@@ -6,11 +6,12 @@ Remote placement, for a request ``r``:
 1. the decode worker is chosen first (KV-aware over the decode workers, reserved), so the
    decision sees what that worker has cached;
 2. ``r-prefill`` goes to the prefill pool (KV-aware over the prefill workers' own events) with
-   ``max_tokens=1`` and ``kv_transfer_params={"do_remote_decode": true}``; its one token is
-   the client's first token (relayed onto ``fleet.tok.r`` for NATS clients);
-3. ``r`` goes to the chosen decode worker as attempt 1: the prompt plus that token
-   (``num_generated_before=1``) with the prefill's ``kv_transfer_params``; the decode worker
-   pulls the KV and generates the rest.
+   ``max_tokens=1``, ``min_tokens=1`` and ``kv_transfer_params={"do_remote_decode": true}``;
+3. ``r`` goes to the chosen decode worker unchanged but for the ``kv_transfer_params`` the
+   prefill returned: the decode worker pulls the prompt's KV, computes the last prompt token and
+   generates every token, the first included. The prefill's own token is not used, as in vLLM's
+   disaggregation proxy and NVIDIA Dynamo: the whole answer comes from one sampler, and NATS
+   clients read one ordinary stream on ``fleet.tok.r``.
 
 A prefill that fails, stalls past ``prefill_timeout_s`` or cannot be placed falls back to a local
 prefill on the same decode worker: the client sees a normal answer. The prefill worker frees the
@@ -50,13 +51,9 @@ class DisaggClient:
         prefill: FleetClient,
         decode: FleetClient,
         cfg: DisaggConfig,
-        relay_first_token: bool = False,
     ) -> None:
-        """``relay_first_token``: publish the prefill's token on the request's own token
-        subject (the router service: its clients read that subject, not this process)."""
         self.agg, self.prefill, self.decode = agg, prefill, decode
         self.cfg = cfg
-        self.relay = relay_first_token
         self.subjects = agg.subjects
         self.state = agg.state
         self.nc = agg.nc
@@ -132,19 +129,6 @@ def _prefill_request(request: Request) -> Request:
     )
 
 
-def _merge(chunks: list[TokenChunk]) -> TokenChunk:
-    """A prefill's chunks (usually one) as one."""
-    last = chunks[-1]
-    logprobs = [lp for c in chunks for lp in c.logprobs or ()]
-    return msgspec.structs.replace(
-        last,
-        token_ids=tuple(t for c in chunks for t in c.token_ids),
-        text="".join(c.text for c in chunks),
-        logprobs=tuple(logprobs) if any(c.logprobs is not None for c in chunks) else None,
-        prompt_logprobs=next((c.prompt_logprobs for c in chunks if c.prompt_logprobs), None),
-    )
-
-
 class DisaggGeneration:
     """One remotely prefilled request, iterated like a ``Generation``: the prefill's token, then
     the decode worker's stream (or, when the prefill fails, a local prefill's whole stream)."""
@@ -182,10 +166,7 @@ class DisaggGeneration:
 
     @property
     def attempts(self) -> int:
-        """Tries of the request (the decode phase starts as attempt 1: not a migration)."""
-        if self._decode is None:
-            return 1
-        return self._decode.attempts - (1 if self.disagg == "remote" else 0)
+        return self._decode.attempts if self._decode is not None else 1
 
     @property
     def queue(self) -> asyncio.Queue[Any]:
@@ -198,49 +179,11 @@ class DisaggGeneration:
     async def _chunks(self) -> AsyncIterator[TokenChunk]:
         first = await self._prefill_answer()
         req = self.request
-        if first is None:  # no usable prefill: the decode worker prefills itself
-            self._decode = await self._start_decode(req)
-            async for chunk in self._follow(self._decode):
-                yield chunk
-            return
-        params = first.kv_transfer_params or {}
-        done = first.finish_reason == "stop" or req.sampling.max_tokens <= len(first.token_ids)
-        self.generated.extend(first.token_ids)
-        relay = TokenChunk(
-            request_id=req.request_id,
-            attempt=0,
-            index=0,
-            token_ids=first.token_ids,
-            text=first.text,
-            finish_reason=first.finish_reason if done else None,
-            usage=first.usage if done else None,
-            worker_id=first.worker_id,
-            logprobs=first.logprobs,
-            prompt_logprobs=first.prompt_logprobs,
-        )
-        if self.owner.relay:
-            with contextlib.suppress(Exception):
-                await self.owner.nc.publish(self.owner.subjects.tok(req.request_id), encode(relay))
-        if done:
-            await self.owner.decode.unroute(req.request_id)
-            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(req))
-            yield relay
-            return
-        yield relay
-        n = len(first.token_ids)
-        decode_req = msgspec.structs.replace(
-            req,
-            token_ids=req.token_ids + first.token_ids,
-            num_generated_before=n,
-            attempt=1,
-            sampling=msgspec.structs.replace(
-                req.sampling,
-                max_tokens=req.sampling.max_tokens - n,
-                min_tokens=max(req.sampling.min_tokens - n, 0),
-            ),
-            kv_transfer_params=dict(params),
-        )
-        self._decode = await self._start_decode(decode_req)
+        if first is not None:  # the decode worker pulls the prefill's KV
+            req = msgspec.structs.replace(
+                req, kv_transfer_params=dict(first.kv_transfer_params or {})
+            )
+        self._decode = await self._start_decode(req)
         async for chunk in self._follow(self._decode):
             yield chunk
 
@@ -255,8 +198,8 @@ class DisaggGeneration:
         async for chunk in gen:
             self.generated.extend(chunk.token_ids)
             if chunk.usage is not None:
-                self.cached_tokens = max(self.cached_tokens, chunk.usage.cached_tokens)
-                self.kv_transfer_ms = chunk.usage.kv_transfer_ms or self.kv_transfer_ms
+                self.cached_tokens = chunk.usage.cached_tokens
+                self.kv_transfer_ms = chunk.usage.kv_transfer_ms
             yield chunk
 
     async def _prefill_answer(self) -> TokenChunk | None:
@@ -278,13 +221,11 @@ class DisaggGeneration:
         self.prefill_worker_id = gen.worker_id
         self.prefill_s = time.monotonic() - self._accepted
         self._prefill = None
-        answer = _merge(chunks) if chunks else None
+        answer = chunks[-1] if chunks else None  # the final one carries the parameters
         if not reason and (answer is None or answer.finish_reason in ("error", "abort")):
             reason = "prefill_failed"
         elif not reason and answer is not None and not answer.kv_transfer_params:
             reason = "prefill_without_transfer"
-        if answer is not None and answer.usage is not None:
-            self.cached_tokens = answer.usage.cached_tokens
         if reason:
             log.warning(
                 "prefill_fallback",

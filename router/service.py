@@ -176,7 +176,6 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
             cfg.kv,
             cfg.client,
             cfg.disagg,
-            relay_first_token=True,  # its clients read the token subjects themselves
         ),
         name="router-service",
     )

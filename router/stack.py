@@ -31,7 +31,6 @@ class StackConfig:
     kv: KvRouterConfig | None = None
     client: ClientConfig | None = None
     disagg: DisaggConfig | None = None
-    relay_first_token: bool = False  # the router service: its clients read the token subjects
 
 
 @dataclass
@@ -93,5 +92,4 @@ def build_client(
         client(prefill),
         client(replace(base, role="decode")),
         disagg,
-        relay_first_token=cfg.relay_first_token,
     )

@@ -18,6 +18,7 @@ class BenchFleet:
     worker_args: tuple[str, ...] = ()
     router: str = "round-robin"
     frontend_args: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()  # one worker per role given (instead of ``workers`` agg ones)
     url: str = ""
     pids: dict[str, int] = field(default_factory=dict)
 
@@ -30,8 +31,10 @@ class BenchFleet:
         self.redis.start()
         self.group = ProcessGroup(tmp / "logs")
         common = ["--nats", self.nats.url, "--log-level", "warning"]
-        for i in range(self.workers):
-            self.group.start(f"worker-{i}", cli_command("worker", *common, *self.worker_args))
+        roles = self.roles or ("agg",) * self.workers
+        for i, role in enumerate(roles):
+            argv = cli_command("worker", *common, "--role", role, *self.worker_args)
+            self.group.start(f"worker-{i}", argv)
         if self.router == "kv":
             self.group.start("indexer", cli_command("indexer", *common, "--redis", self.redis.url))
         port = free_port()

@@ -57,6 +57,24 @@ def test_routing_quality_bench():
     assert by_policy["kv"]["warm_ttft_ms_p99"] > 0
 
 
+def test_disagg_bench():
+    d = run_bench(
+        "disagg",
+        "--workloads",
+        "short",
+        "--configs",
+        "agg4,cond2p2d,2p2d",
+        "--speedup",
+        "50",
+        "--scale",
+        "0.1",
+    )
+    by = {r["config"]: r for r in d["runs"]}
+    assert all(r["errors"] == 0 and r["requests"] == 16 for r in by.values())
+    assert by["agg4"]["prefilled_locally"] == 1.0 and by["2p2d"]["prefilled_locally"] == 0.0
+    assert by["2p2d"]["kv_transfer_ms_mean"] > 0
+
+
 def test_routing_sim_bench():
     d = run_bench("routing_sim", "--seeds", "1")
     by_policy = {r["policy"]: r for r in d["results"]}
@@ -78,9 +96,18 @@ def test_indexer_throughput_bench():
 
 def test_planner_ramp_bench():
     d = run_bench(
-        "planner_ramp", "--fleets", "planner,trough", "--time-scale", "0.06", "--low-rps", "4",
-        "--osl", "8", "--interval", "1",
-    )  # fmt: skip
+        "planner_ramp",
+        "--fleets",
+        "planner,trough",
+        "--time-scale",
+        "0.06",
+        "--low-rps",
+        "4",
+        "--osl",
+        "8",
+        "--interval",
+        "1",
+    )
     assert d["oracle_replica_s"] > 0
     planner, trough = d["fleets"]
     assert planner["fleet"] == "planner" and trough["fleet"] == "trough"
@@ -95,10 +122,26 @@ def test_planner_ramp_bench():
 
 def test_long_prompts_bench():
     d = run_bench(
-        "long_prompts", "--requests", "6", "--concurrency", "1", "--prompt-tokens", "1500",
-        "--heads", "1", "--head-tokens", "1200", "--fresh-tokens", "32", "--output-tokens", "4",
-        "--speedup", "50", "--frontends", "1",
-    )  # fmt: skip
+        "long_prompts",
+        "--requests",
+        "6",
+        "--concurrency",
+        "1",
+        "--prompt-tokens",
+        "1500",
+        "--heads",
+        "1",
+        "--head-tokens",
+        "1200",
+        "--fresh-tokens",
+        "32",
+        "--output-tokens",
+        "4",
+        "--speedup",
+        "50",
+        "--frontends",
+        "1",
+    )
     runs = {r["workload"]: r for r in d["runs"]}
     assert set(runs) == {"fresh", "prefix"}
     # (CPU seconds are read in 10 ms ticks: a 6-request smoke run cannot measure them)

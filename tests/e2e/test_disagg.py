@@ -160,8 +160,8 @@ async def test_short_prompts_prefill_locally_under_the_default_policy(disagg) ->
 
 
 async def test_nats_clients_get_the_first_token_through_the_router_service(disagg) -> None:
-    """The prefill's token is relayed onto the request's own token subject (attempt 0), then the
-    decode worker's stream follows (attempt 1): a NATS-only client reads one whole answer."""
+    """A NATS-only client reads one ordinary stream: the decode worker generates every token
+    after pulling the prefill's KV (the router service placed the prefill remotely)."""
     import nats
 
     from schemas import Request, SamplingParams, TokenChunk, encode
@@ -171,16 +171,26 @@ async def test_nats_clients_get_the_first_token_through_the_router_service(disag
     prompt = tuple(LONG.encode())
     nc = await nats.connect(fleet.nats_url)
     chunks: list[TokenChunk] = []
+    obs: list[RequestObservation] = []
+
+    async def on_obs(msg) -> None:
+        obs.append(decode(msg.data, RequestObservation))
+
     try:
+        await nc.subscribe(f"{fleet.prefix}.obs.{MODEL}", cb=on_obs)
         sub = await nc.subscribe(f"{fleet.prefix}.tok.nats-1")
         req = Request("nats-1", MODEL, prompt, SamplingParams(max_tokens=10, seed=3))
         await nc.jetstream().publish(f"{fleet.prefix}.submit.{MODEL}", encode(req))
         while not chunks or chunks[-1].finish_reason is None:
             msg = await sub.next_msg(timeout=15)
             chunks.append(decode(msg.data, TokenChunk))
+        await wait_for(lambda: any(o.request_id == "nats-1" for o in obs), timeout=10)
     finally:
         await nc.close()
-    assert [(c.attempt, c.index) for c in chunks][:2] == [(0, 0), (1, 0)]
+    mine = next(o for o in obs if o.request_id == "nats-1")
+    assert (mine.disagg, mine.frontend_id) == ("remote", "router-service")
+    assert [(c.attempt, c.index) for c in chunks] == [(0, i) for i in range(len(chunks))]
+    assert len({c.worker_id for c in chunks}) == 1  # the decode worker
     assert sum(len(c.token_ids) for c in chunks) == 10 and chunks[-1].finish_reason == "length"
 
 

@@ -145,6 +145,8 @@ class MockerEngine:
                 error = f"mocker: remote_num_tokens {remote_prompt} does not fit the prompt"
                 sink.on_output(EngineOutput(rid, (), True, "error", error=error))
                 return
+            # as vLLM's connector: the last prompt token is computed here (it gives the logits)
+            remote_prompt = min(remote_prompt, len(request.token_ids) - 1)
             self._remote[rid] = (
                 str(params.get("remote_engine_id", "")),
                 str(params.get("remote_request_id", "")),

@@ -1,0 +1,125 @@
+"""Disaggregated against aggregated serving, same worker budget, side by side.
+
+    python -m tests.bench.disagg [--workloads long,short] [--configs agg4,1p3d,2p2d,cond2p2d]
+
+Four mocker workers at speedup 1 (real time), KV-aware routing, the shipped card (Llama-3.1-8B's
+KV geometry: 2 MiB a 16-token block; 64 GB/s links): aggregated x4; 1 prefill + 3 decode and
+2 + 2 with every prefill remote (``--disagg-policy always``); 2 + 2 conditional
+(``isl_or_load``, the default). Workloads (closed loop): ``long`` fresh prompts of 7,936
+tokens, 256 out, c=8; ``short`` 8 shared 1,024-token prefixes + 64 fresh tokens, 64 out, c=16.
+Reports TTFT and ITL p50/p99 (ITL per request), throughput, goodput (requests/s within the TTFT
+and ITL targets), the share prefilled locally and the mean KV transfer time (from the frontend's
+metrics). Prints one JSON object with every run (and each run on stderr as it ends).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import string
+import sys
+import urllib.request
+
+from base.logs import configure_logging
+from tests.bench.fleetctl import BenchFleet
+from tests.bench.loadgen import LevelResult, percentile, run_level
+
+CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "agg4": (("agg",) * 4, "never"),
+    "1p3d": (("prefill", "decode", "decode", "decode"), "always"),
+    "2p2d": (("prefill", "prefill", "decode", "decode"), "always"),
+    "cond2p2d": (("prefill", "prefill", "decode", "decode"), "isl_or_load"),
+}
+
+
+def prompts(workload: str, seed: int, scale: float) -> tuple[list[str], int, int]:
+    """(prompts, output tokens, concurrency); ``scale`` shrinks the request count."""
+    rng = random.Random(seed)
+    letters = string.ascii_letters + " "
+    if workload == "long":
+        n = max(int(48 * scale), 8)
+        return ["".join(rng.choices(letters, k=7936)) for _ in range(n)], 256, 8
+    heads = ["".join(rng.choices(letters, k=1024)) for _ in range(8)]
+    n = max(int(160 * scale), 16)
+    return [rng.choice(heads) + "".join(rng.choices(letters, k=64)) for _ in range(n)], 64, 16
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, object]:
+    roles, policy = CONFIGS[config]
+    texts, out_tokens, concurrency = prompts(workload, args.seed, args.scale)
+    with BenchFleet(
+        roles=roles,
+        worker_args=("--speedup", str(args.speedup)),
+        router="kv",
+        frontend_args=("--disagg-policy", policy),
+    ) as fleet:
+        level: LevelResult = asyncio.run(
+            run_level(
+                fleet.url, "jetfleet-tiny", concurrency, len(texts), 0, out_tokens, prompts=texts
+            )
+        )
+        with urllib.request.urlopen(f"{fleet.url}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+    ok = [r for r in level.results if r.ok]
+    ttft = [r.ttft_s * 1000 for r in ok]
+    itl = [r.itl_s * 1000 for r in ok if r.output_tokens > 1]
+    good = [
+        r
+        for r in ok
+        if r.ttft_s * 1000 <= args.ttft_target_ms and r.itl_s * 1000 <= args.itl_target_ms
+    ]
+    remote = _metric(metrics, "jetfleet_frontend_disagg_placements_total", 'placement="remote"')
+    local = _metric(metrics, "jetfleet_frontend_disagg_placements_total", 'placement="local"')
+    transfers = _metric(metrics, "jetfleet_frontend_kv_transfer_seconds_count")
+    transfer_s = _metric(metrics, "jetfleet_frontend_kv_transfer_seconds_sum")
+    wall = level.wall_s or 1.0
+    return {
+        "config": config,
+        "workload": workload,
+        "requests": len(level.results),
+        "errors": len(level.results) - len(ok),
+        "ttft_ms_p50": round(percentile(ttft, 50), 1),
+        "ttft_ms_p99": round(percentile(ttft, 99), 1),
+        "itl_ms_p50": round(percentile(itl, 50), 2),
+        "itl_ms_p99": round(percentile(itl, 99), 2),
+        "output_tokens_per_s": round(sum(r.output_tokens for r in ok) / wall, 1),
+        "requests_per_s": round(len(ok) / wall, 2),
+        "goodput_requests_per_s": round(len(good) / wall, 2),
+        "prefilled_locally": round(local / (local + remote), 3) if local + remote else 1.0,
+        "kv_transfer_ms_mean": round(transfer_s / transfers * 1000, 3) if transfers else 0.0,
+        "wall_s": round(wall, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="long,short")
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--speedup", type=float, default=1.0)
+    p.add_argument("--ttft-target-ms", type=float, default=3000.0)
+    p.add_argument("--itl-target-ms", type=float, default=25.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scale", type=float, default=1.0, help="fraction of the requests (smoke)")
+    args = p.parse_args(argv)
+    configure_logging("warning")
+    runs = []
+    for workload in args.workloads.split(","):
+        for config in args.configs.split(","):
+            runs.append(run(config, workload, args))
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    print(json.dumps({"runs": runs}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
