@@ -75,8 +75,11 @@ class DisaggClient:
         self, request: Request, traceparent: str | None = None
     ) -> Generation | DisaggGeneration:
         model = request.model
-        if not self.state.candidates(model, "decode"):
+        state = self.state
+        if not state.candidates(model, "decode") and not state.candidates(model, "prefill"):
             return await self.agg.generate(request, traceparent)
+        # a disaggregated model (decode workers, or prefill workers whose decode workers are not
+        # up yet: the decode client waits for them as the aggregated one would)
         routed = await self.decode.route_request(request)
         placement = self._place(request, routed[1])
         self.on_placement(model, placement)
