@@ -88,6 +88,14 @@ def summarize_observation(obs: RequestObservation) -> str:
         text += f"; {obs.route.policy} chose {obs.route.worker_id}"
         if cands:
             text += f" among [{cands}]"
+    if obs.disagg == "remote":
+        text += (
+            f"; prefilled remotely ({obs.disagg_reason}) on {obs.prefill_worker_id} in "
+            f"{obs.prefill_s * 1000:.1f} ms, KV pulled in {obs.kv_transfer_ms:.2f} ms "
+            f"(replay {obs.request_id}-prefill for its side)"
+        )
+    elif obs.disagg:
+        text += f"; prefilled locally ({obs.disagg_reason})"
     if obs.error:
         text += f"; error: {obs.error}"
     return text

@@ -186,9 +186,16 @@ class DisaggGeneration:
             req = msgspec.structs.replace(
                 req, kv_transfer_params=dict(first.kv_transfer_params or {})
             )
-        self._decode = await self._start_decode(req)
-        async for chunk in self._follow(self._decode):
-            yield chunk
+        try:
+            self._decode = await self._start_decode(req)
+            async for chunk in self._follow(self._decode):
+                yield chunk
+        finally:
+            if first is not None:
+                # Normally the decode worker already told the prefill worker it pulled the KV;
+                # if it died first (or the request ended early), this frees the held blocks now
+                # rather than at the hold timeout. A second release is a no-op.
+                await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
 
     async def _start_decode(self, request: Request) -> Generation:
         try:

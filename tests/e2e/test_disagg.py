@@ -5,8 +5,11 @@ sides' blocks freed; a prefill worker that stalls or dies mid-handoff."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 import openai
 import pytest
 
+from base.process import cli_command
 from schemas import RequestObservation, WorkerLoad, decode
 from tests.e2e.fleet import Fleet, free_port
 from tests.helpers import wait_for
@@ -231,3 +235,49 @@ async def test_requests_in_flight_complete_when_the_prefill_worker_dies(disagg) 
         await wait_for(lambda: decode_load and decode_load[-1].kv_usage == 0, timeout=10)
     finally:
         await nc.close()
+
+
+async def test_a_decode_worker_that_dies_mid_transfer_leaks_nothing(nats_server, tmp_path) -> None:
+    """1 prefill + 2 decode workers, a slow link (a 3k-token prompt takes ~4 s to pull): kill -9
+    the decode worker while it pulls; the request migrates to the other decode worker and
+    completes, and the prefill worker frees what it held at once (the frontend tells it), not at
+    its hold timeout."""
+    f = Fleet(nats_server.url, tmp_path / "logs")
+    try:
+        f.add_worker("--role", "prefill", "--kv-hold-timeout", "600")  # 30 s at speedup 20
+        decoders = [
+            f.add_worker("--role", "decode", "--kv-transfer-bandwidth", "0.1", "--speedup", "1")
+            for _ in range(2)
+        ]
+        url = f.start_frontend("--router", "round-robin", "--disagg-policy", "always")
+        deadline = time.monotonic() + 30
+        while len(_served_roles(f)) < 3:
+            assert time.monotonic() < deadline, "three workers registered"
+            await asyncio.sleep(0.2)
+        obs = await _observations(f, 1, lambda: _chat_and_kill(f, url, decoders))
+        assert obs[0].status == "ok" and obs[0].attempts == 2 and obs[0].osl_tokens == 12
+        loads = await _loads(f)  # both sides idle with no block in use: nothing held
+        assert set(loads) == {"prefill", "decode"}
+    finally:
+        f.stop()
+
+
+def _served_roles(f: Fleet) -> list[str]:
+    argv = cli_command("status", "--json", "--nats", f.nats_url, "--subject-prefix", f.prefix)
+    out = subprocess.run(argv, capture_output=True, text=True)
+    return [w["role"] for w in json.loads(out.stdout or "{}").get("workers", [])]
+
+
+def _chat_and_kill(f: Fleet, url: str, decoders: list[str]) -> None:
+    """One request; 1 s in (its prefill done, its KV still arriving) kill -9 every decode worker
+    that has a request running (the one pulling)."""
+
+    def kill_the_busy_one() -> None:
+        time.sleep(1.0)
+        for worker_id in decoders:
+            name = worker_id.removeprefix(f"{f.prefix}-")
+            if '"request_started"' in f.log(name):
+                f.kill(worker_id)
+
+    threading.Thread(target=kill_the_busy_one, daemon=True).start()
+    _chat(url, messages=[{"role": "user", "content": "Mid-transfer death. " * 150}])

@@ -252,26 +252,20 @@ def _an_agent_session_runs_on_every_endpoint(port: int) -> None:
     assert len(vector) == 64
 
 
+def _up_argv(tmp_path: Path, port: int, *extra: str) -> list[str]:
+    """``jetfleet up`` on its own free ports and state directory, plus ``extra``."""
+    state = str(tmp_path / "state")
+    return cli_command(
+        "up", "--port", str(port), "--nats-port", "0", "--redis-port", "0", "--state-dir", state,
+        *extra,
+    )  # fmt: skip
+
+
 def test_up_stops_everything_when_its_output_pipe_is_gone(tmp_path: Path) -> None:
     """``jetfleet up | tee log`` and Ctrl-C: tee dies with the terminal's SIGINT, up's cleanup
     then writes to a closed pipe; it must still stop every process, the servers included."""
     port = free_port()
-    argv = cli_command(
-        "up",
-        "--workers",
-        "1",
-        "--no-planner",
-        "--port",
-        str(port),
-        "--nats-port",
-        "0",
-        "--redis-port",
-        "0",
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--log-format",
-        "console",
-    )
+    argv = _up_argv(tmp_path, port, "--workers", "1", "--no-planner", "--log-format", "console")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     seen = b""
@@ -301,23 +295,7 @@ def _pids_alive(pids: list[int]) -> list[int]:
 def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
     out = tmp_path / "up.out"
-    argv = cli_command(
-        "up",
-        "--workers",
-        "1",
-        "--speedup",
-        "20",
-        "--port",
-        str(port),
-        "--nats-port",
-        "0",
-        "--redis-port",
-        "0",
-        "--state-dir",
-        str(tmp_path / "state"),
-        "--interval",
-        "1",
-    )
+    argv = _up_argv(tmp_path, port, "--workers", "1", "--speedup", "20", "--interval", "1")
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
@@ -370,20 +348,13 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
     the official client's retries then succeed."""
     port = free_port()
     out = tmp_path / "up.out"
-    argv = cli_command(
-        "up",
+    argv = _up_argv(
+        tmp_path,
+        port,
         "--workers",
         "1",
         "--speedup",
         "20",
-        "--port",
-        str(port),
-        "--nats-port",
-        "0",
-        "--redis-port",
-        "0",
-        "--state-dir",
-        str(tmp_path / "state"),
         "--interval",
         "1",
         "--min-replicas",
@@ -421,8 +392,9 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
     plans both roles, a long prompt is prefilled remotely and a short one locally."""
     port = free_port()
     out = tmp_path / "up.out"
-    argv = cli_command(
-        "up",
+    argv = _up_argv(
+        tmp_path,
+        port,
         "--disagg",
         "--prefill-workers",
         "1",
@@ -430,14 +402,6 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
         "2",
         "--speedup",
         "20",
-        "--port",
-        str(port),
-        "--nats-port",
-        "0",
-        "--redis-port",
-        "0",
-        "--state-dir",
-        str(tmp_path / "state"),
         "--interval",
         "1",
     )

@@ -39,3 +39,27 @@ def test_helpers_and_validation() -> None:
     ):
         with pytest.raises(ValueError):
             DisaggConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_replay_request_says_where_the_prefill_ran() -> None:
+    from infra.replay_request import summarize_observation
+    from schemas import RequestObservation
+
+    remote = RequestObservation(
+        "r1",
+        "m",
+        "ok",
+        1.0,
+        worker_id="d1",
+        disagg="remote",
+        disagg_reason="long_uncached",
+        prefill_worker_id="p1",
+        prefill_s=0.25,
+        kv_transfer_ms=16.25,
+    )
+    text = summarize_observation(remote)
+    assert "prefilled remotely (long_uncached) on p1 in 250.0 ms, KV pulled in 16.25 ms" in text
+    assert "replay r1-prefill" in text
+    local = RequestObservation("r2", "m", "ok", 1.0, disagg="local", disagg_reason="short_uncached")
+    assert "prefilled locally (short_uncached)" in summarize_observation(local)
+    assert "prefill" not in summarize_observation(RequestObservation("r3", "m", "ok", 1.0))

@@ -38,8 +38,8 @@ class MockerConfig:
     """Bytes of one KV block (0: from the model's config.json, layers x 2 x KV heads x head dim x
     dtype bytes x block size; 2 MiB per 16 tokens when it does not say)."""
     kv_hold_timeout_s: float = 30.0
-    """A prefill worker frees the blocks of a finished remote-decode request after this long if
-    the decode side never confirmed it pulled them."""
+    """A prefill worker frees the blocks of a finished remote-decode request after this long
+    (simulated seconds: divided by ``speedup``) if nobody said the KV was pulled or dropped."""
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 1 or self.block_size < 1 or self.max_num_seqs < 1:

@@ -260,18 +260,39 @@ class VllmEngine:
         return self._backend.lora_request(loaded.name, loaded.lora_id, loaded.path)
 
     async def _generate(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
+        def start(llm: Any) -> Any:
+            return llm.generate(
+                prompt=prompt, sampling_params=params, request_id=run.vllm_id, lora_request=lora
+            )
+
+        await self._drive(run, start, self._deliver)
+
+    async def _embed(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
+        """``AsyncLLM.encode`` (same signature from 0.10 to 0.33): one pooled vector."""
+        await self._drive(
+            run,
+            lambda llm: llm.encode(prompt, params, run.vllm_id, lora_request=lora),
+            self._deliver_embedding,
+        )
+
+    async def _drive(
+        self,
+        run: _Running,
+        start: Callable[[Any], Any],
+        deliver: Callable[[_Running, Any], bool],
+    ) -> None:
+        """Follow one of vLLM's output streams into ``deliver`` until it says the request
+        finished; an early end, an exception or a cancellation ends the request cleanly."""
         try:
             await self._awake.wait()
             if self._llm is None:
                 raise RuntimeError("vLLM engine is not running")
-            outputs = self._llm.generate(
-                prompt=prompt, sampling_params=params, request_id=run.vllm_id, lora_request=lora
-            )
+            outputs = start(self._llm)
             async with contextlib.aclosing(outputs):  # closing it makes vLLM abort the request
                 async for out in outputs:
                     if self._running.get(run.request_id) is not run:
                         return  # aborted or replaced meanwhile
-                    if self._deliver(run, out):
+                    if deliver(run, out):
                         return
             self._finish(run, "error", "vLLM ended the output stream before the request finished")
         except asyncio.CancelledError:
@@ -283,47 +304,27 @@ class VllmEngine:
             log.warning("vllm_request_failed", request_id=run.request_id, error=repr(exc))
             self._finish(run, "error", f"{type(exc).__name__}: {exc}")
 
-    async def _embed(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
-        """``AsyncLLM.encode`` (same signature from 0.10 to 0.33): one pooled vector."""
-        try:
-            await self._awake.wait()
-            if self._llm is None:
-                raise RuntimeError("vLLM engine is not running")
-            outputs = self._llm.encode(prompt, params, run.vllm_id, lora_request=lora)
-            async with contextlib.aclosing(outputs):
-                async for out in outputs:
-                    if self._running.get(run.request_id) is not run:
-                        return
-                    if not out.finished:
-                        continue
-                    del self._running[run.request_id]
-                    self._settle_prefill(run)
-                    data = out.outputs.data  # a tensor on vLLM's side: torch stays in vLLM
-                    vector = tuple(
-                        float(x) for x in (data.tolist() if hasattr(data, "tolist") else data)
-                    )
-                    cached = int(getattr(out, "num_cached_tokens", 0) or 0)
-                    run.sink.on_output(
-                        EngineOutput(
-                            run.request_id,
-                            (),
-                            True,
-                            "stop",
-                            num_prompt_tokens=run.num_prompt_tokens,
-                            num_cached_tokens=cached,
-                            embedding=vector,
-                        )
-                    )
-                    return
-            self._finish(run, "error", "vLLM ended the pooling stream before it finished")
-        except asyncio.CancelledError:
-            if self._llm is not None:
-                with contextlib.suppress(Exception):
-                    await self._llm.abort(run.vllm_id)
-            raise
-        except Exception as exc:
-            log.warning("vllm_embed_failed", request_id=run.request_id, error=repr(exc))
-            self._finish(run, "error", f"{type(exc).__name__}: {exc}")
+    def _deliver_embedding(self, run: _Running, out: Any) -> bool:
+        """A ``PoolingRequestOutput``: the vector, on the finished one."""
+        if not out.finished:
+            return False
+        del self._running[run.request_id]
+        self._settle_prefill(run)
+        data = out.outputs.data  # a tensor on vLLM's side: torch stays in vLLM
+        vector = tuple(float(x) for x in (data.tolist() if hasattr(data, "tolist") else data))
+        cached = int(getattr(out, "num_cached_tokens", 0) or 0)
+        run.sink.on_output(
+            EngineOutput(
+                run.request_id,
+                (),
+                True,
+                "stop",
+                num_prompt_tokens=run.num_prompt_tokens,
+                num_cached_tokens=cached,
+                embedding=vector,
+            )
+        )
+        return True
 
     def _deliver(self, run: _Running, out: Any) -> bool:
         """One ``RequestOutput`` (delta) to the sink; True when it finished the request."""
