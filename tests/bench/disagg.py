@@ -7,9 +7,11 @@ KV geometry: 2 MiB a 16-token block; 64 GB/s links): aggregated x4; 1 prefill + 
 2 + 2 with every prefill remote (``--disagg-policy always``); 2 + 2 conditional
 (``isl_or_load``, the default). Workloads (closed loop): ``long`` fresh prompts of 7,936
 tokens, 256 out, c=8; ``short`` 8 shared 1,024-token prefixes + 64 fresh tokens, 64 out, c=16.
-Reports TTFT and ITL p50/p99 (ITL per request), throughput, goodput (requests/s within the TTFT
-and ITL targets), the share prefilled locally and the mean KV transfer time (from the frontend's
-metrics). Prints one JSON object with every run (and each run on stderr as it ends).
+Reports TTFT and ITL p50/p99 (``itl``: each request's mean, p99 over requests; ``token_itl``:
+every token's gap, p99 over tokens: where a prefill stalling a decode batch shows),
+throughput, goodput (requests/s within the TTFT and ITL targets), the share prefilled locally
+and the mean KV transfer time (from the frontend's metrics). Prints one JSON object with every
+run (and each run on stderr as it ends).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, objec
     ok = [r for r in level.results if r.ok]
     ttft = [r.ttft_s * 1000 for r in ok]
     itl = [r.itl_s * 1000 for r in ok if r.output_tokens > 1]
+    gaps = [g for r in ok for g in r.token_gaps_ms]
     good = [
         r
         for r in ok
@@ -92,6 +95,9 @@ def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, objec
         "ttft_ms_p99": round(percentile(ttft, 99), 1),
         "itl_ms_p50": round(percentile(itl, 50), 2),
         "itl_ms_p99": round(percentile(itl, 99), 2),
+        "token_itl_ms_p50": round(percentile(gaps, 50), 2),
+        "token_itl_ms_p99": round(percentile(gaps, 99), 2),
+        "token_itl_ms_p999": round(percentile(gaps, 99.9), 2),
         "output_tokens_per_s": round(sum(r.output_tokens for r in ok) / wall, 1),
         "requests_per_s": round(len(ok) / wall, 2),
         "goodput_requests_per_s": round(len(good) / wall, 2),

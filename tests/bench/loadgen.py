@@ -25,6 +25,9 @@ class RequestResult:
     cached_tokens: int = 0
     error: str = ""
     start_index: int = -1  # order in which the request was sent (0 = first)
+    # per-token gaps (ms): each streamed event's gap since the previous one, spread over its
+    # characters (one token each on the shipped byte-level card)
+    token_gaps_ms: list[float] = field(default_factory=list)
 
     @property
     def itl_s(self) -> float:
@@ -88,6 +91,7 @@ class Connection:
             return RequestResult(False, error=f"{status} {data[:200]!r}")
         res = RequestResult(True)
         buf = b""
+        last = t0
         while chunked:
             size = int((await self.reader.readline()).strip(), 16)
             if size == 0:
@@ -111,8 +115,16 @@ class Connection:
                     res.cached_tokens = details.get("cached_tokens", 0)
                 for choice in msg.get("choices", ()):
                     delta = choice.get("delta") or {}
-                    if (choice.get("text") or delta.get("content")) and not res.ttft_s:
-                        res.ttft_s = time.perf_counter() - t0
+                    text = choice.get("text") or delta.get("content")
+                    if not text:
+                        continue
+                    now = time.perf_counter()
+                    if not res.ttft_s:
+                        res.ttft_s = now - t0
+                    else:
+                        gap = (now - last) * 1000 / len(text)
+                        res.token_gaps_ms.extend([gap] * len(text))
+                    last = now
         res.e2e_s = time.perf_counter() - t0
         return res
 

@@ -18,6 +18,10 @@ actions and the peak replicas:
   connector (in this process) starts and drains real worker processes;
 - ``peak`` / ``trough``: fixed fleets sized for the peak and for the trough.
 
+``--disagg``: the fleet is a prefill pool and a decode pool (each starting at the trough size,
+every prefill placed remotely), the planner plans both roles (``--roles prefill,decode``) and the
+decisions are reported per role: both pools must follow the ramp.
+
 ``oracle_replica_s`` is what a planner knowing the load curve in advance would use: every second
 ``max(min_replicas, ceil(rate / replica_rps))`` replicas, nothing for start-up. The target is
 ``within_targets >= 0.95`` with ``replica_s / oracle_replica_s <= 1.3``.
@@ -238,6 +242,7 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
     peak_n = max(args.min_replicas, math.ceil(curve.peak / args.replica_rps - 1e-9))
     low_n = max(args.min_replicas, math.ceil(curve.low / args.replica_rps - 1e-9))
     initial = {"planner": low_n, "peak": peak_n, "trough": low_n}[kind]
+    roles = ("prefill", "decode") if args.disagg else ("agg",)
     tmp = Path(tempfile.mkdtemp(prefix="jetfleet-ramp-"))
     nats = EmbeddedNats(tmp / "nats", port=0)
     nats.start()
@@ -270,15 +275,17 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
     alive_at: list[tuple[float, int]] = []
     t0 = time.monotonic()
     try:
-        started = await scaler.start_workers("agg", initial)
-        if not started.ok:
-            raise RuntimeError(started.detail)
+        for role in roles:
+            started = await scaler.start_workers(role, initial)
+            if not started.ok:
+                raise RuntimeError(started.detail)
+        disagg = ("--disagg-policy", "always") if args.disagg else ()
         port = free_port()
         group.start(
             "frontend",
             cli_command(
                 "frontend", *common, "--port", str(port), "--router", "least-loaded",
-                "--max-waiting-per-worker", "100000",
+                "--max-waiting-per-worker", "100000", *disagg,
             ),
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
@@ -298,8 +305,9 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
                     "--itl-target", str(args.itl_target),
                     "--scale-up-cooldown", str(args.interval),
                     "--scale-down-cooldown", str(args.scale_down_cooldown),
-                    "--min-replicas", f"agg={args.min_replicas}",
-                    "--max-replicas", f"agg={args.max_replicas}",
+                    "--roles", ",".join(roles),
+                    *[x for r in roles for x in ("--min-replicas", f"{r}={args.min_replicas}")],
+                    *[x for r in roles for x in ("--max-replicas", f"{r}={args.max_replicas}")],
                     "--set", f"profile.prefill_tokens_per_s={profile['prefill_tokens_per_s']}",
                     "--set", f"profile.decode_tokens_per_s={profile['decode_tokens_per_s']}",
                     *[x for s in args.set for x in ("--set", s)],
@@ -340,6 +348,7 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
         "decisions": [
             {
                 "t_s": round(d.ts_s - wall_t0, 1),
+                "role": d.role,
                 "current": d.current_replicas,
                 "desired": d.desired_replicas,
                 "predicted_rps": round(d.predicted_rps, 1),
@@ -374,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-replicas", type=int, default=8)
     ap.add_argument("--set", action="append", default=[], help="more planner settings")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--disagg", action="store_true", help="prefill and decode pools")
     args = ap.parse_args(argv)
     configure_logging("warning", "console")
     phases = tuple(float(x) * args.time_scale for x in args.phases.split(","))

@@ -152,6 +152,21 @@ def test_long_prompts_bench():
 
 
 @pytest.mark.slow
+def test_planner_ramp_resizes_both_disaggregated_pools():
+    """A short ramp over a prefill and a decode pool (``pytest -m slow``): the planner grows
+    and shrinks each role."""
+    d = run_bench(
+        "planner_ramp", "--disagg", "--fleets", "planner", "--time-scale", "0.5",
+        "--low-rps", "4", "--osl", "16", "--interval", "2", "--scale-down-cooldown", "4",
+    )  # fmt: skip
+    (planner,) = d["fleets"]
+    for role in ("prefill", "decode"):
+        moves = [x for x in planner["decisions"] if x["role"] == role]
+        assert any(x["desired"] > x["current"] for x in moves), role
+    assert planner["errors"] == 0
+
+
+@pytest.mark.slow
 def test_routing_sim_bench_at_full_size():
     """The documented run (all seeds): ``pytest -m slow``, not in the default run."""
     d = run_bench("routing_sim")

@@ -122,3 +122,13 @@ def test_a_transfer_that_cannot_get_blocks_waits() -> None:
     while sched.has_work:
         record_step(sched, run)
     assert run.finish == {"a": "length", "b": "length"}
+
+
+def test_the_last_prompt_token_after_a_transfer_costs_a_decode_step_not_a_prefill() -> None:
+    sched = scheduler()
+    sched.add_request(remote("d", 8))
+    sched.step()  # the transfer
+    after = sched.step()  # the last prompt token, and the first sampled token
+    assert after.num_prefill_tokens == 0 and after.num_decode_seqs == 1
+    assert [o.request_id for o in after.outputs] == ["d"]
+    assert after.simulated_ms < 16.5  # no prefill term (16.5 ms at least) in the step

@@ -30,7 +30,9 @@ blocks and a slot) but computes nothing until the transfer ends. Its bytes are t
 ``block_bytes``; the worker's link (``kv_transfer_bandwidth``) is shared fairly by the transfers
 in flight, and they progress during every step (compute and transfer overlap). A step with
 nothing to compute lasts until the next transfer completes. A completed transfer commits the
-prompt's blocks (``BlockStored``) and the sequence continues as if it had prefilled; a preempted
+prompt's blocks (``BlockStored``) and the sequence continues as if it had prefilled (the last
+prompt token it computes itself is charged as a decode token, batched with the others, as vLLM
+does, not as a prefill of its own); a preempted
 one recomputes locally later (its KV is gone). A sequence with ``hold`` (prefill side) keeps its
 blocks after finishing until ``release_held``.
 
@@ -384,7 +386,9 @@ class Scheduler:
         bs = self._bs
         for seq, n in scheduled:
             todo = len(seq.tokens) - seq.num_computed
-            if todo > 1 or not seq.output:  # Sequence.prefilling, inlined (hot loop)
+            # Sequence.prefilling, inlined (hot loop). The one prompt token a remotely
+            # prefilled sequence computes rides in the decode batch, as in vLLM: no prefill cost.
+            if (todo > 1 or not seq.output) and not (n == 1 and seq.transferred):
                 prefill_chunks.append(n)
             seq.num_computed += n
             if seq.num_computed // bs > seq.num_committed:
