@@ -20,13 +20,17 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import string
 import sys
+import threading
+import time
 import urllib.request
 
 from base.logs import configure_logging
 from tests.bench.fleetctl import BenchFleet
-from tests.bench.loadgen import LevelResult, percentile, run_level
+from tests.bench.loadgen import LevelResult, RequestResult, percentile, run_level
+from tests.bench.planner_ramp import Pool
 
 CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
     "agg4": (("agg",) * 4, "never"),
@@ -65,11 +69,26 @@ def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, objec
         router="kv",
         frontend_args=("--disagg-policy", policy),
     ) as fleet:
-        level: LevelResult = asyncio.run(
-            run_level(
-                fleet.url, "jetfleet-tiny", concurrency, len(texts), 0, out_tokens, prompts=texts
+        if args.kill_prefill_after:  # kill -9 every prefill worker mid-run
+            victims = [f"worker-{i}" for i, role in enumerate(roles) if role == "prefill"]
+            timer = threading.Timer(args.kill_prefill_after, _kill, (fleet, victims))
+            timer.daemon = True
+            timer.start()
+        level: LevelResult
+        if args.open_loop_rps:
+            level = asyncio.run(open_loop(fleet.url, texts, out_tokens, args.open_loop_rps))
+        else:
+            level = asyncio.run(
+                run_level(
+                    fleet.url,
+                    "jetfleet-tiny",
+                    concurrency,
+                    len(texts),
+                    0,
+                    out_tokens,
+                    prompts=texts,
+                )
             )
-        )
         with urllib.request.urlopen(f"{fleet.url}/metrics", timeout=10) as r:
             metrics = r.read().decode()
     ok = [r for r in level.results if r.ok]
@@ -88,7 +107,9 @@ def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, objec
     wall = level.wall_s or 1.0
     return {
         "config": config,
-        "workload": workload,
+        "workload": workload
+        + (f"@{args.open_loop_rps:g}rps" if args.open_loop_rps else "")
+        + (f"+kill@{args.kill_prefill_after:g}s" if args.kill_prefill_after else ""),
         "requests": len(level.results),
         "errors": len(level.results) - len(ok),
         "ttft_ms_p50": round(percentile(ttft, 50), 1),
@@ -107,6 +128,44 @@ def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, objec
     }
 
 
+def _kill(fleet: BenchFleet, names: list[str]) -> None:
+    for name in names:
+        child = fleet.group.children.get(name)
+        if child is not None:
+            child.proc.send_signal(signal.SIGKILL)
+    print(f"killed {names}", file=sys.stderr, flush=True)
+
+
+async def open_loop(url: str, texts: list[str], out_tokens: int, rps: float) -> LevelResult:
+    """Requests sent at ``rps``, evenly spaced, whether or not earlier ones finished."""
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
+    pool = Pool(host, int(port))
+    level = LevelResult(0)
+
+    async def one(i: int, text: str) -> None:
+        body: dict[str, object] = {
+            "model": "jetfleet-tiny",
+            "prompt": text,
+            "max_tokens": out_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        res: RequestResult = await pool.request(body)
+        res.start_index = i
+        level.results.append(res)
+
+    tasks = []
+    start = time.perf_counter()
+    for i, text in enumerate(texts):
+        await asyncio.sleep(max(0.0, start + i / rps - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(i, text)))
+    await asyncio.gather(*tasks)
+    level.wall_s = time.perf_counter() - start
+    pool.close()
+    return level
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", default="long,short")
@@ -116,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--itl-target-ms", type=float, default=25.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=1.0, help="fraction of the requests (smoke)")
+    p.add_argument(
+        "--kill-prefill-after", type=float, default=0.0, help="kill -9 the prefill workers (s)"
+    )
+    p.add_argument(
+        "--open-loop-rps", type=float, default=0.0, help="send at this rate instead (open loop)"
+    )
     args = p.parse_args(argv)
     configure_logging("warning")
     runs = []
