@@ -181,6 +181,8 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
             "context_length": c.context_length,
             "block_size": c.block_size,
             "workers": sum(1 for w in workers if w["model"] == c.name and w["status"] != "expired"),
+            "pools": _pools(workers, c.name),
+            "tasks": list(c.tasks),
         }
         for c in cards.values()
     ]
@@ -197,6 +199,15 @@ async def connect_tool(url: str, name: str) -> NATS:
         raise SystemExit(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None
 
 
+def _pools(workers: list[dict[str, Any]], model: str) -> dict[str, int]:
+    """Live workers of ``model`` per role (a disaggregated model: a prefill and a decode pool)."""
+    pools: dict[str, int] = {}
+    for w in workers:
+        if w["model"] == model and w["status"] != "expired":
+            pools[w["role"]] = pools.get(w["role"], 0) + 1
+    return dict(sorted(pools.items()))
+
+
 async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
     nc = await connect_tool(nats_url, "jetfleet-status")
     try:
@@ -207,7 +218,11 @@ async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
         print(json.dumps(report, indent=2))
         return 0
     for m in report["models"]:
-        print(f"model {m['name']}: {m['workers']} live workers, context {m['context_length']}")
+        pools = ", ".join(f"{n} {role}" for role, n in m["pools"].items()) or "none"
+        print(
+            f"model {m['name']}: {m['workers']} live workers ({pools}), context "
+            f"{m['context_length']}, serves {', '.join(m['tasks'])}"
+        )
     print(
         f"{'WORKER':<14} {'MODEL':<16} {'ROLE':<7} {'STATUS':<9} {'RUN':>4} {'WAIT':>5} "
         f"{'KV%':>6} {'HB AGE':>7}  METRICS"

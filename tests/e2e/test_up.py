@@ -419,6 +419,11 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
             return sorted(w["role"] for w in json.loads(status.stdout)["workers"])
 
         _wait_until(lambda: roles() == ["decode", "decode", "prefill"], 60, "three workers")
+        status = subprocess.run(
+            cli_command("status", "--nats", nats_url), capture_output=True, text=True
+        )
+        assert "3 live workers (2 decode, 1 prefill)" in status.stdout, status.stdout
+        assert "serves generate, embed" in status.stdout
         long = "Every pool has its own job to do here. " * 80
         for content in (long, "short"):
             r = client.chat.completions.create(
