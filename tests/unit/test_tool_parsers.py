@@ -225,3 +225,71 @@ def test_a_constrained_call_cut_by_length_is_content_not_a_call():
         ("get_weather", '{"city": "Paris"}')
     ]
     assert reason == "tool_calls"
+
+
+# ------------------------------------------------------------ what the cut tests leave open
+def _one(parser: str, text: str, tools: list[dict[str, Any]] | None = None) -> Any:
+    stream = ToolStream(tool_parser(parser, tools if tools is not None else TOOLS))
+    content = stream.feed(text)
+    rest, calls = stream.finish()
+    return content + rest, [(c.name, c.arguments) for c in calls]
+
+
+def test_qwen3_coder_types_values_by_the_schema_and_keeps_them_verbatim() -> None:
+    tools = [
+        {
+            "name": "f",
+            "parameters": {
+                "properties": {
+                    "zip": {"type": "string"},
+                    "n": {"type": "integer"},
+                    "note": {"type": "string"},
+                }
+            },
+        }
+    ]
+    text = (
+        "<tool_call>\n<function=f>\n<parameter=zip>\n01234\n</parameter>\n"
+        "<parameter=n>\n7\n</parameter>\n<parameter=note>\n  Zürich, twice  \n</parameter>\n"
+        "</function>\n</tool_call> after"
+    )
+    content, [(name, args)] = _one("qwen3_coder", text, tools)
+    assert name == "f" and content == "after"
+    # a string parameter that looks like a number stays a string; spaces and ü are kept
+    assert args == '{"zip": "01234", "n": 7, "note": "  Zürich, twice  "}'
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        ('<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', [("f", '{"a": 1}')]),
+        (
+            '<tool_call>{"name": "f", "arguments": {"city": "Zürich"}}</tool_call>',
+            [("f", '{"city": "Zürich"}')],
+        ),
+        ('<tool_call>{"name": "", "arguments": {}}</tool_call>', []),
+        ('<tool_call>{"name": "f", "arguments": [1, 2]}</tool_call>', []),
+        ('<tool_call>{"arguments": {}}</tool_call>', []),
+    ],
+)
+def test_hermes_arguments_as_models_write_them(text: str, calls: list[Any]) -> None:
+    content, got = _one("hermes", text)
+    assert got == calls
+    assert content == ("" if calls else text)  # a call that does not parse stays content
+
+
+def test_reasoning_streams_content_at_once_and_only_the_first_end_closes_it() -> None:
+    qwen = ReasoningStream("qwen3")
+    assert qwen.feed("Hi") == ("", "Hi")  # not held: it cannot start "<think>"
+    assert qwen.feed(" <think>") == ("", " <think>")  # once content, always content
+    r1 = ReasoningStream("deepseek_r1")
+    assert r1.feed("a</think>b</think>c") == ("a", "b</think>c")
+    cut = ReasoningStream("deepseek_r1")
+    assert cut.feed("<thi") == ("", "") and cut.finish() == ("<thi", "")
+
+
+def test_the_smallest_valid_disagg_settings() -> None:
+    from router.disagg import DisaggConfig
+
+    cfg = DisaggConfig(isl_threshold=0, prefill_queue_limit=1, prefill_timeout_s=0.5)
+    assert (cfg.isl_threshold, cfg.prefill_queue_limit, cfg.prefill_timeout_s) == (0, 1, 0.5)
