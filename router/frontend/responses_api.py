@@ -169,6 +169,7 @@ class ResponsesShape:
         self._open: dict[str, Any] | None = None  # the item text is streamed into
         self._reason: str | None = None
         self._failed = False
+        self._pending_logprobs: list[Any] = []  # of tokens whose text has not come out yet
 
     def finish(self, reason: str | None, stop_string: str | None) -> None:
         self._reason = reason
@@ -247,6 +248,7 @@ class ResponsesShape:
         self, index: int, d: Delta, finish_reason: str | None, logprobs: Any = None
     ) -> bytes:
         out = b""
+        self._pending_logprobs += logprobs or []
         for text, kind in ((d.reasoning, "reasoning"), (d.content, "message")):
             if not text:
                 continue
@@ -257,9 +259,9 @@ class ResponsesShape:
             where = {"item_id": self._open["id"], "output_index": len(self._items) - 1}
             event = f"response.{'output' if kind == 'message' else 'reasoning'}_text.delta"
             extra: dict[str, Any] = {}
-            if kind == "message":
-                extra["logprobs"] = logprobs or []
-                self._open["content"][0]["logprobs"] += logprobs or []
+            if kind == "message":  # the logprobs of every token up to this text
+                extra["logprobs"], self._pending_logprobs = self._pending_logprobs, []
+                self._open["content"][0]["logprobs"] += extra["logprobs"]
             out += self._event(event, {**where, "content_index": 0, "delta": text, **extra})
         for call in d.tool_calls:
             item = _call_item(call, "in_progress") | {"arguments": ""}

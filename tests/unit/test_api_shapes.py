@@ -323,3 +323,19 @@ def test_a_whole_response_cut_by_length_is_incomplete() -> None:
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
     assert [i["type"] for i in body["output"]] == ["reasoning", "message"]
     assert body["usage"]["output_tokens"] == 4 and body["usage"]["total_tokens"] == 14
+
+
+def test_logprobs_of_held_back_text_reach_the_message_with_the_text() -> None:
+    """A parser may hold a token's text back (a possible marker): its logprobs go out with the
+    text when it comes, never dropped."""
+    shape = responses_api.ResponsesShape("resp-r1", 5, "m", {})
+    stream = shape.start(1)
+    stream += shape.delta_chunk(0, Delta(), None, [{"token": "<", "logprob": -0.5}])
+    stream += shape.delta_chunk(0, Delta(content="<b"), None, [{"token": "b", "logprob": -0.1}])
+    shape.finish("stop", None)
+    stream += shape.end(USAGE, False)
+    got = events(stream)
+    deltas = [e for k, e in got if k == "response.output_text.delta"]
+    assert [len(d["logprobs"]) for d in deltas] == [2]
+    message = got[-1][1]["response"]["output"][0]
+    assert [lp["token"] for lp in message["content"][0]["logprobs"]] == ["<", "b"]
