@@ -91,8 +91,8 @@ def load_model_dir(
     cfg = _read_json(path / "config.json")
     eos_token = _token_text(tok_cfg.get("eos_token"))
     ours = _read_json(path / "jetfleet.json")
-    tool_call_parser = tool_call_parser or _parser(ours, "tool_call_parser", TOOL_CALL_PARSERS)
-    reasoning_parser = reasoning_parser or _parser(ours, "reasoning_parser", REASONING_PARSERS)
+    tool_call_parser = tool_call_parser or _parser(ours, "tool_call_parser")
+    reasoning_parser = reasoning_parser or _parser(ours, "reasoning_parser")
     for value, known in (
         (tool_call_parser, TOOL_CALL_PARSERS),
         (reasoning_parser, REASONING_PARSERS),
@@ -146,7 +146,7 @@ def _hidden_size(cfg: dict[str, Any]) -> int:
     return 0
 
 
-def _parser(ours: dict[str, Any], key: str, known: tuple[str, ...]) -> str | None:
+def _parser(ours: dict[str, Any], key: str) -> str | None:
     value = ours.get(key)
     return value if isinstance(value, str) and value else None
 

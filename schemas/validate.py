@@ -44,8 +44,8 @@ def sampling_problem(s: SamplingParams) -> str | None:
             return f"{name} must be in [0, {MAX_LOGPROBS}], got {k}"
     if s.structured is not None:
         st = s.structured
-        set_ = [st.json_schema is not None, st.json_object, st.regex is not None, bool(st.choice)]
-        if sum(set_) + (st.grammar is not None) != 1:
+        kinds = (st.json_schema, st.regex, st.grammar)
+        if sum(k is not None for k in kinds) + st.json_object + bool(st.choice) != 1:
             return "structured must set exactly one constraint"
     return None
 

@@ -460,15 +460,9 @@ class Frontend:
                     served.card.name, tok, lambda: item, context, size, idle=self._active == 0
                 )
             except PromptTooLong as exc:
-                ids = [0] * exc.at_least
+                raise _input_too_long(context, exc.at_least) from None
         if len(ids) > context:
-            raise OpenAIError(
-                400,
-                f"This model's maximum context length is {context} tokens. However, an input "
-                f"has {len(ids)} tokens. Please reduce the length of the input.",
-                param="input",
-                code="context_length_exceeded",
-            )
+            raise _input_too_long(context, len(ids))
         return ids
 
     async def _generate(
@@ -969,6 +963,16 @@ class Frontend:
             await self.nc.publish(self.subjects.obs(model), wire_encode(obs))
         except Exception as exc:
             log.warning("observation_publish_failed", request_id=obs.request_id, error=str(exc))
+
+
+def _input_too_long(context: int, tokens: int) -> OpenAIError:
+    return OpenAIError(
+        400,
+        f"This model's maximum context length is {context} tokens. However, an input has "
+        f"{tokens} tokens. Please reduce the length of the input.",
+        param="input",
+        code="context_length_exceeded",
+    )
 
 
 Shape = ChatShape | MessagesShape | ResponsesShape

@@ -15,7 +15,7 @@ stream gives concatenate to exactly what the whole text gives.
 
 from __future__ import annotations
 
-from router.frontend.tool_parsers import marker_overlap
+from router.frontend.stops import marker_overlap
 
 START, END = "<think>", "</think>"
 REASONING_PARSERS = ("deepseek_r1", "qwen3")

@@ -10,12 +10,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def marker_overlap(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that is a proper beginning of ``marker`` (text
+    that must be held back: it may still become the marker)."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
 class StopMatcher:
-    __slots__ = ("_held", "_max_len", "_stops", "matched", "stopped")
+    __slots__ = ("_held", "_stops", "matched", "stopped")
 
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = tuple(s for s in stops if s)
-        self._max_len = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the text
@@ -34,7 +42,7 @@ class StopMatcher:
             self.stopped = True
             self._held = ""
             return buf[:cut]
-        keep = self._partial_suffix(buf)
+        keep = max((marker_overlap(buf, s) for s in self._stops), default=0)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
 
@@ -42,11 +50,3 @@ class StopMatcher:
         """At the end of the stream: whatever was held back is plain text after all."""
         out, self._held = self._held, ""
         return "" if self.stopped else out
-
-    def _partial_suffix(self, buf: str) -> int:
-        """Length of the longest suffix of ``buf`` that is a proper prefix of a stop string."""
-        for k in range(min(len(buf), self._max_len - 1), 0, -1):
-            tail = buf[-k:]
-            if any(s.startswith(tail) for s in self._stops):
-                return k
-        return 0

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from router.frontend.stops import marker_overlap
+
 
 @dataclass(frozen=True)
 class ParsedCall:
@@ -264,11 +266,3 @@ class ToolStream:
         if parsed is None or not parsed[1]:
             return section, []
         return parsed
-
-
-def marker_overlap(text: str, marker: str) -> int:
-    """Length of the longest end of ``text`` that is a proper beginning of ``marker``."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
