@@ -1,7 +1,7 @@
 """Metrics: stream ``FLEET_METRICS``.
 
 - ``WorkerLoad`` on fleet.metrics.{model}.{role}.{worker}: a worker's periodic report of its batch
-  and cache (every ``load_interval_s``, and at once when it changes a lot).
+  and cache (every ``load_interval_s``, and before the tokens of a prefill or request that ends).
 - ``RequestObservation`` on fleet.obs.{model}: one per finished request, from the frontend that
   served it; the planner sizes pools from these and replay explains routing with them.
 """

@@ -294,10 +294,16 @@ class WorkerRuntime:
         publish = self.nc.publish
         tok = self.subjects.tok
         finished: list[ActiveRequest] = []
-        for rid in dirty:
-            ar = self.active.get(rid)
-            if ar is None or not ar.has_pending():
-                continue
+        ready = [ar for ar in map(self.active.get, dirty) if ar is not None and ar.has_pending()]
+        if any(ar.next_index == 0 or ar.finished for ar in ready):
+            # A prefill ended or a request did: routers see the new load before these tokens
+            # (one connection keeps the order), so a client's next request is not routed
+            # against a report taken while this one was prefilling. At most one report per
+            # flush, two per request: no rate limit (one that held a report back would let a
+            # stale one stand exactly when it matters).
+            await self._load_now()
+        for ar in ready:
+            rid = ar.request.request_id
             chunk = ar.take_chunk()
             await publish(tok(rid), encode(chunk))
             if ar.final_sent:
@@ -409,10 +415,13 @@ class WorkerRuntime:
     async def _load_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.load_interval_s)
-            try:
-                await self._publish_load()
-            except Exception as exc:
-                self.log.warning("load_publish_failed", error=str(exc))
+            await self._load_now()
+
+    async def _load_now(self) -> None:
+        try:
+            await self._publish_load()
+        except Exception as exc:
+            self.log.warning("load_publish_failed", error=str(exc))
 
     async def _publish_load(self) -> None:
         load = self.engine.load()

@@ -1,0 +1,84 @@
+"""A worker's load reports keep up with its requests: when a prefill ends and when a request
+ends, the report goes out before the tokens that say so, so a client that sends its next request
+on the last token is routed against the load as it is, not as it was a period ago (a stale
+report of the previous prompt's prefill made a cache-holding worker look busy)."""
+
+from __future__ import annotations
+
+import uuid
+
+import nats
+import pytest
+
+from schemas import Request, SamplingParams, Subjects, TokenChunk, WorkerLoad, decode, encode
+from schemas.requests import routed_msg_id
+from tests.e2e.fleet import Fleet
+from tests.e2e.test_fleet_lifecycle import _has
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+M = "jetfleet-tiny"
+
+
+async def test_the_load_is_reported_before_the_first_and_the_last_token(
+    nats_server, tmp_path
+) -> None:
+    # a period far past the test: only the reports the changes trigger can arrive in time
+    args = ("--speedup", "1", "--load-interval", "600")
+    fleet = Fleet(nats_server.url, tmp_path, worker_args=args)
+    subjects = Subjects(fleet.prefix)
+    nc = await nats.connect(fleet.nats_url)
+    seen: list[WorkerLoad | TokenChunk] = []
+    try:
+        worker = fleet.add_worker()
+
+        async def registered() -> bool:
+            try:
+                return await _has(fleet, worker)
+            except Exception:  # the worker has not made its bucket yet
+                return False
+
+        await wait_for(registered, timeout=30)
+
+        async def on_load(msg) -> None:
+            seen.append(decode(msg.data, WorkerLoad))
+
+        async def on_chunk(msg) -> None:
+            seen.append(decode(msg.data, TokenChunk))
+
+        # one connection for both: the worker's publishes arrive in the order it made them
+        await nc.subscribe(subjects.metrics(M, "agg", worker), cb=on_load)
+        await nc.subscribe(subjects.tok_all(), cb=on_chunk)
+        await nc.flush()
+        rid = f"load-{uuid.uuid4().hex[:8]}"
+        prompt = tuple(i % 250 for i in range(1500))  # a prefill of a few simulated ms
+        req = Request(rid, M, prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+        await nc.jetstream().publish(
+            subjects.req_worker(M, worker),
+            encode(req),
+            headers={"Nats-Msg-Id": routed_msg_id(rid, 0)},
+        )
+
+        def final_index() -> int | None:
+            return next(
+                (
+                    i
+                    for i, m in enumerate(seen)
+                    if isinstance(m, TokenChunk) and m.finish_reason is not None
+                ),
+                None,
+            )
+
+        await wait_for(lambda: final_index() is not None, timeout=30)
+        first = next(i for i, m in enumerate(seen) if isinstance(m, TokenChunk))
+        loads_before_first = [m for m in seen[:first] if isinstance(m, WorkerLoad)]
+        assert loads_before_first, seen
+        assert loads_before_first[-1].active_prefill_tokens == 0  # the prefill is over
+        end = final_index()
+        assert end is not None
+        last = [m for m in seen[:end] if isinstance(m, WorkerLoad)][-1]
+        assert (last.num_running, last.num_waiting, last.active_prefill_tokens) == (0, 0, 0)
+    finally:
+        await nc.close()
+        fleet.stop()
