@@ -1,7 +1,7 @@
 """Metrics: stream ``FLEET_METRICS``.
 
 - ``WorkerLoad`` on fleet.metrics.{model}.{role}.{worker}: a worker's periodic report of its batch
-  and cache (every ``load_interval_s``, and before the tokens of a prefill or request that ends).
+  and cache (every ``load_interval_s``, and before the first token of a prefill it counted).
 - ``RequestObservation`` on fleet.obs.{model}: one per finished request, from the frontend that
   served it; the planner sizes pools from these and replay explains routing with them.
 """

@@ -97,6 +97,7 @@ class WorkerRuntime:
         self._kv_event_id = 0
         self._kv_pending: list[KvCacheEvent] = []
         self._kv_scheduled = False
+        self._reported_prefill = False  # the last load report counted prompts still to prefill
         self._loop = asyncio.get_running_loop()
 
     # ---------------------------------------------------------------- lifecycle
@@ -295,12 +296,11 @@ class WorkerRuntime:
         tok = self.subjects.tok
         finished: list[ActiveRequest] = []
         ready = [ar for ar in map(self.active.get, dirty) if ar is not None and ar.has_pending()]
-        if any(ar.next_index == 0 or ar.finished for ar in ready):
-            # A prefill ended or a request did: routers see the new load before these tokens
-            # (one connection keeps the order), so a client's next request is not routed
-            # against a report taken while this one was prefilling. At most one report per
-            # flush, two per request: no rate limit (one that held a report back would let a
-            # stale one stand exactly when it matters).
+        if self._reported_prefill and any(ar.next_index == 0 for ar in ready):
+            # A prefill ended and the last load report still counts it: routers get a new one
+            # before these tokens (one connection keeps the order), so a client's next request
+            # is not routed against the prefill of the one it just received (the worker holding
+            # its prefix would look busy for up to load_interval_s). At most one per flush.
             await self._load_now()
         for ar in ready:
             rid = ar.request.request_id
@@ -425,6 +425,7 @@ class WorkerRuntime:
 
     async def _publish_load(self) -> None:
         load = self.engine.load()
+        self._reported_prefill = load.active_prefill_tokens > 0 or load.num_waiting > 0
         self.metrics.observe_load(load)
         report = self.registry.load_report(load)
         await self.nc.publish(

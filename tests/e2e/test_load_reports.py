@@ -1,7 +1,7 @@
-"""A worker's load reports keep up with its requests: when a prefill ends and when a request
-ends, the report goes out before the tokens that say so, so a client that sends its next request
-on the last token is routed against the load as it is, not as it was a period ago (a stale
-report of the previous prompt's prefill made a cache-holding worker look busy)."""
+"""A worker's load reports keep up with its prefills: when a prefill its last report counted
+ends, a new report goes out before the first token, so a client that sends its next request on
+the last token is routed against the load as it is, not as it was up to a period ago (a stale
+report of the previous prompt's prefill made the worker holding the prefix look busy)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ pytestmark = pytest.mark.integration
 M = "jetfleet-tiny"
 
 
-async def test_the_load_is_reported_before_the_first_and_the_last_token(
+async def test_a_prefill_that_ends_is_reported_before_its_first_token(
     nats_server, tmp_path
 ) -> None:
-    # a period far past the test: only the reports the changes trigger can arrive in time
-    args = ("--speedup", "1", "--load-interval", "600")
+    # reports every 20 ms and a tenth of real speed (the prefill lasts about 0.5 s), so some
+    # count the prefill; without the report its end triggers, one would have to land in the
+    # microseconds before the first token
+    args = ("--speedup", "0.1", "--load-interval", "0.02")
     fleet = Fleet(nats_server.url, tmp_path, worker_args=args)
     subjects = Subjects(fleet.prefix)
     nc = await nats.connect(fleet.nats_url)
@@ -73,12 +75,8 @@ async def test_the_load_is_reported_before_the_first_and_the_last_token(
         await wait_for(lambda: final_index() is not None, timeout=30)
         first = next(i for i, m in enumerate(seen) if isinstance(m, TokenChunk))
         loads_before_first = [m for m in seen[:first] if isinstance(m, WorkerLoad)]
-        assert loads_before_first, seen
-        assert loads_before_first[-1].active_prefill_tokens == 0  # the prefill is over
-        end = final_index()
-        assert end is not None
-        last = [m for m in seen[:end] if isinstance(m, WorkerLoad)][-1]
-        assert (last.num_running, last.num_waiting, last.active_prefill_tokens) == (0, 0, 0)
+        assert any(m.active_prefill_tokens > 0 for m in loads_before_first), seen  # counted
+        assert loads_before_first[-1].active_prefill_tokens == 0, seen  # and then not
     finally:
         await nc.close()
         fleet.stop()

@@ -15,6 +15,7 @@ import pytest
 
 from model.structured import Unsatisfiable, instance, problem, render
 from schemas import SamplingParams, StructuredOutput
+from tests.helpers import wait_for
 from tests.unit.mocker_utils import add_and_run, make_config, make_request, make_scheduler
 from workers.engine import EngineOutput, EngineRequest
 from workers.engines.mocker.embedding import embedding
@@ -249,5 +250,23 @@ async def test_the_engine_answers_embeddings() -> None:
         assert short.embedding is not None and len(short.embedding) == 4
         [bad] = await _generate(engine, EngineRequest("b", (5,), sp, task="embed", dimensions=17))
         assert bad.finish_reason == "error" and "at most 16" in (bad.error or "")
+    finally:
+        await engine.stop()
+
+
+async def test_the_load_counts_the_prefill_of_the_step_in_its_forward_pass() -> None:
+    """The scheduler moves a sequence's counters when it plans the step; until the pass ends
+    (the engine's sleep), those prompt tokens are still prefill to do, as in vLLM."""
+    engine = MockerEngine(make_config(speedup=0.05), VOCAB)
+    await engine.start(lambda events: None)
+    try:
+        sink = Sink()
+        request = EngineRequest("p", tuple(range(1, 41)), SamplingParams(max_tokens=2))
+        engine.add_request(request, sink)
+        # the loop plans the step (the sequence runs) and sleeps through its forward pass
+        await wait_for(lambda: engine.load().num_running == 1, timeout=10)
+        assert engine.load().active_prefill_tokens == 40
+        await asyncio.wait_for(sink.done.wait(), 10)
+        assert engine.load().active_prefill_tokens == 0
     finally:
         await engine.stop()

@@ -109,6 +109,10 @@ class MockerEngine:
         self._task: asyncio.Task[None] | None = None
         self._kv_listener: KvListener | None = None
         self._last_step_ms = 0.0
+        # prompt tokens of the step in its forward pass: its sequences' counters have moved
+        # on, but until the pass ends those tokens are prefill still to do (as in vLLM, whose
+        # scheduler updates the computed tokens after the step)
+        self._step_prefill_tokens = 0
         self._sleeping = False
 
     async def start(self, kv_listener: KvListener) -> None:
@@ -214,7 +218,7 @@ class MockerEngine:
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=self.block_size,
             active_decode_blocks=st.active_decode_blocks,
-            active_prefill_tokens=st.active_prefill_tokens,
+            active_prefill_tokens=st.active_prefill_tokens + self._step_prefill_tokens,
             num_preempted_total=st.num_preempted_total,
             prompt_tokens_total=st.prompt_tokens_total,
             cached_tokens_total=st.cached_tokens_total,
@@ -370,10 +374,12 @@ class MockerEngine:
                 self._fail_all("engine step failed")
                 continue
             self._last_step_ms = result.simulated_ms
+            self._step_prefill_tokens = result.num_prefill_tokens
             # The step's results exist when its forward pass ends, as on a GPU: sleep first.
             next_at = max(next_at + result.simulated_ms / 1000.0 / speedup, clock() - 0.05)
             delay = next_at - clock()
             await asyncio.sleep(delay if delay > 0 else 0)
+            self._step_prefill_tokens = 0
             if result.transfers_done:
                 self._landed(result.transfers_done)
             self._dispatch(result.outputs)
