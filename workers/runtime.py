@@ -44,7 +44,7 @@ from schemas import (
     encode,
 )
 from schemas.control import CONTROL_OPS
-from schemas.kv_events import KvCacheEvent
+from schemas.kv_events import KvCacheEvent, batch_version
 from schemas.streams import pool_consumer
 from schemas.trace import HEADER as TRACE_HEADER
 from schemas.trace import parse_traceparent
@@ -391,12 +391,14 @@ class WorkerRuntime:
         subject = self.subjects.kv(self.cfg.model_name, self.cfg.worker_id)
         for group in split_events(events):  # each within a NATS message, in order
             self._kv_event_id += 1
+            group_events = tuple(group)
             batch = KvEventBatch(
                 worker_id=self.cfg.worker_id,
                 model=self.cfg.model_name,
                 event_id=self._kv_event_id,
                 ts_s=time.time(),
-                events=tuple(group),
+                events=group_events,
+                v=batch_version(group_events),
             )
             task = asyncio.ensure_future(self.nc.publish(subject, encode(batch)))
             task.add_done_callback(_log_task_error)

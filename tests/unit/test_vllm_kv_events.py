@@ -230,7 +230,7 @@ def test_engine_block_hash_rejects_non_hashes(bad: object) -> None:
         engine_block_hash(bad)
 
 
-def test_other_media_and_groups_are_skipped() -> None:
+def test_host_and_disk_tiers_keep_their_medium_other_media_and_groups_are_skipped() -> None:
     payload = encode(
         KVEventBatchV3(
             ts=0.0,
@@ -240,14 +240,22 @@ def test_other_media_and_groups_are_skipped() -> None:
                 stored_v3([3], None, [5, 6], 2, medium=None, group_idx=0),
                 BlockRemovedV3([9], "cpu"),
                 BlockRemovedV3([8], "GPU", group_idx=1),
+                stored_v3([4], None, [7, 8], 2, medium="disk"),
+                stored_v3([5], None, [7, 8], 2, medium="NVME_REMOTE"),  # a tier we do not know
             ],
         )
     )
     batch = decode_batch(payload)
-    assert batch.events == (BlockStored((3,), None, (5, 6), 2),)
-    assert batch.skipped == 4
+    assert batch.events == (
+        BlockStored((1,), None, (1, 2), 2, medium="CPU"),
+        BlockStored((3,), None, (5, 6), 2),
+        BlockRemoved((9,), medium="CPU"),
+        BlockStored((4,), None, (7, 8), 2, medium="DISK"),
+    )
+    assert batch.skipped == 3
     other_group = decode_batch(payload, DecodeOptions(kv_group=1))
-    assert [e.block_hashes for e in other_group.events] == [(2,), (8,)]  # type: ignore[union-attr]
+    # events without a group are every group's
+    assert [e.block_hashes for e in other_group.events] == [(1,), (2,), (9,), (8,), (4,)]  # type: ignore[union-attr]
 
 
 def test_lora_name_from_event_or_from_loaded_adapter_ids() -> None:

@@ -113,15 +113,17 @@ def test_events_encoded_by_vllm_decode_to_ours(vllm: SimpleNamespace) -> None:
         make(ev.BlockRemoved, block_hashes=[h2], medium="GPU"),
         ev.AllBlocksCleared(),
     ]
-    if tiers:  # a block offloaded to host memory: not the prefix cache the router routes on
+    if tiers:  # a block offloaded to host memory: indexed as the worker's host tier
         events.insert(3, stored(ev, [9], None, [9, 9], medium="CPU"))
     payload = msgspec.msgpack.Encoder().encode(batch(ev, events, ts=12.5))  # as the publisher
     decoded = decode_batch(payload, DecodeOptions())
-    assert decoded.ts_s == 12.5 and decoded.skipped == int(tiers)
+    assert decoded.ts_s == 12.5 and decoded.skipped == 0
+    host = [BlockStored((9,), None, (9, 9), 2, medium="CPU")] if tiers else []
     assert decoded.events == (
         BlockStored((0x0101, 0x0102), None, (1, 2, 3, 4), 2),
         BlockStored((7,), 0x0102, (5, 6), 2),
         BlockRemoved((0x0102,)),
+        *host,
         AllBlocksCleared(),
     )
 

@@ -36,14 +36,16 @@ version appends are ignored. The required ones are the first four of ``BlockStor
   ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`` (``maybe_convert_block_hash``), so a worker gives the
   same ints whichever mode its vLLM runs in.
 
-**Filters.** Only the GPU tier is the prefix cache the router routes on: events whose ``medium``
-is set and is not ``"GPU"`` (CPU offload tiers) are skipped. Hybrid models report one KV cache
-group per ``group_idx``; only ``kv_group`` (default 0) is kept, and events without a group are
-kept. LoRA: vLLM's ``lora_name`` is used when sent; older versions only send ``lora_id``, which is
-looked up in the adapters the worker loaded (an id we do not know: the event is skipped, as its
-blocks could not be hashed like the router hashes that adapter's prompts). ``extra_keys`` (0.17+):
-a block whose hash also covers multimodal inputs, a cache salt or prompt embeddings cannot be
-matched from token ids, so an event with any extra key besides its LoRA name is skipped.
+**Tiers.** ``medium`` (0.10.2+) names the tier: ``GPU`` (or absent), ``CPU`` (vLLM's native CPU
+offloading, LMCache's host memory) and ``DISK`` keep it (case-insensitive), so the index knows a
+block in host memory (``schemas.kv_events``); a medium we do not know is skipped. Hybrid models
+report one KV cache group per ``group_idx``; only ``kv_group`` (default 0) is kept, and events
+without a group are kept. LoRA: vLLM's ``lora_name`` is used when sent; older versions only send
+``lora_id``, which is looked up in the adapters the worker loaded (an id we do not know: the event
+is skipped, as its blocks could not be hashed like the router hashes that adapter's prompts).
+``extra_keys`` (0.17+): a block whose hash also covers multimodal inputs, a cache salt or prompt
+embeddings cannot be matched from token ids, so an event with any extra key besides its LoRA name is
+skipped.
 
 **Sequence numbers** start at 0 and grow by one per batch. ``SequenceTracker`` classifies each
 received number: the next one, a gap (missing ``expected .. seq-1``: ask the replay socket), an
@@ -59,11 +61,18 @@ from typing import Any
 
 import msgspec
 
-from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
+from schemas.kv_events import (
+    GPU,
+    OFFLOAD_MEDIA,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvCacheEvent,
+    Medium,
+)
 
 U64_MASK = (1 << 64) - 1
 REPLAY_END_SEQ = -1  # vLLM's ZmqEventPublisher.END_SEQ, sent after the last replayed batch
-GPU_MEDIUM = "GPU"
 
 # Every field vLLM has declared, in declaration order (positional decoding depends on it).
 _STORED_FIELDS = (
@@ -183,11 +192,12 @@ def _event(raw: object, opts: DecodeOptions) -> KvCacheEvent | None:
     f = _fields(body, names, _REQUIRED[tag], tag)
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
-    if not _kept(f, opts):
+    medium = _medium(f)
+    if medium is None or not _kept(f, opts):
         return None
     hashes = tuple(engine_block_hash(h) for h in _list(f["block_hashes"], "block_hashes"))
     if tag == "BlockRemoved":
-        return BlockRemoved(hashes)
+        return BlockRemoved(hashes, medium)
     known, lora = _lora_name(f, opts)
     if not known or not _hashed_from_tokens(f.get("extra_keys"), lora):
         return None
@@ -198,13 +208,23 @@ def _event(raw: object, opts: DecodeOptions) -> KvCacheEvent | None:
         token_ids=tuple(_int(t, "token id") for t in _list(f["token_ids"], "token_ids")),
         block_size=_int(f["block_size"], "block_size"),
         lora_name=lora,
+        medium=medium,
     )
 
 
-def _kept(f: Mapping[str, Any], opts: DecodeOptions) -> bool:
+def _medium(f: Mapping[str, Any]) -> Medium | None:
+    """The event's tier (None: one we do not know)."""
     medium = f.get("medium")
-    if medium is not None and str(medium).upper() != GPU_MEDIUM:
-        return False
+    if medium is None:
+        return GPU
+    name = str(medium).upper()
+    return next((m for m in _MEDIA if m == name), None)
+
+
+_MEDIA: tuple[Medium, ...] = (GPU, *OFFLOAD_MEDIA)
+
+
+def _kept(f: Mapping[str, Any], opts: DecodeOptions) -> bool:
     group = f.get("group_idx")
     return group is None or group == opts.kv_group
 
