@@ -16,7 +16,17 @@ Every block has a reference count (the sequences using it). Life of a block:
    (most recently used; a sequence's tail blocks are freed first so its head outlives them, as
    in vLLM), an uncommitted one at the front.
 
-``reset_prefix_cache`` forgets every cached block when no block is in use (``AllBlocksCleared``).
+The host tier (``num_cpu_blocks`` > 0, a second, slower level of the cache): a cached block that
+``allocate`` evicts is copied there first (``BlockStored`` with ``medium="CPU"``), and the tier
+drops its least recently used block when full (``BlockRemoved``, ``CPU``). ``match_host`` finds
+how many of a chain's next blocks it holds; ``touch_host`` marks them used (the scheduler loads
+them back into fresh GPU blocks and commits those, so they are cached on the GPU again; the host
+copy stays). A block whose parent is in neither tier is not copied: no prefix match can reach
+it. Within one ``allocate``, the host copies are announced before the GPU removals, so a reader
+applying events in order always knows a copied block's parent.
+
+``reset_prefix_cache`` forgets every cached block of both tiers when no block is in use
+(``AllBlocksCleared``).
 ``take_events`` drains the outbox, as vLLM's ``KVCacheManager.take_events()`` does; this module
 does no I/O. Every operation is O(blocks touched).
 """
@@ -28,18 +38,28 @@ from collections.abc import Sequence
 
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
 
+_Meta = tuple[int | None, tuple[int, ...], str | None]  # parent hash, token ids, LoRA
+
 
 class BlockPool:
     """``num_blocks`` KV blocks of ``block_size`` tokens; see the module docstring."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        num_cpu_blocks: int = 0,
+    ) -> None:
         self.num_blocks = num_blocks
+        self.num_cpu_blocks = num_cpu_blocks if enable_caching else 0
         self.block_size = block_size
         self.enable_caching = enable_caching
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # block hash -> block id
-        self._meta: dict[int, tuple[int | None, tuple[int, ...], str | None]] = {}  # by hash
+        self._meta: dict[int, _Meta] = {}  # by hash
+        self._host: OrderedDict[int, _Meta] = OrderedDict()  # host tier by hash, LRU first
         # free block ids, front = reused first
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self._events: list[KvCacheEvent] = []
@@ -64,6 +84,25 @@ class BlockPool:
     def num_cached(self) -> int:
         """Blocks registered in the prefix cache (in use or free)."""
         return len(self._cached)
+
+    @property
+    def num_host_cached(self) -> int:
+        """Blocks in the host tier."""
+        return len(self._host)
+
+    def match_host(self, hashes: Sequence[int]) -> int:
+        """How many leading ``hashes`` the host tier holds (does not touch them)."""
+        n = 0
+        for h in hashes:
+            if h not in self._host:
+                break
+            n += 1
+        return n
+
+    def touch_host(self, hashes: Sequence[int]) -> None:
+        """Mark host blocks used (loaded back): the last to be dropped."""
+        for h in hashes:
+            self._host.move_to_end(h)
 
     def block_hash(self, block_id: int) -> int | None:
         return self._hash[block_id]
@@ -106,6 +145,8 @@ class BlockPool:
             b, _ = self._free.popitem(last=False)
             h = self._hash[b]
             if h is not None:
+                if self.num_cpu_blocks:
+                    self._offload(h, self._meta[h])
                 del self._cached[h]
                 del self._meta[h]
                 self._hash[b] = None
@@ -115,6 +156,21 @@ class BlockPool:
         if evicted:
             self._events.append(BlockRemoved(tuple(evicted)))
         return out
+
+    def _offload(self, h: int, meta: _Meta) -> None:
+        """Copy an evicted GPU block into the host tier (see the module docstring)."""
+        host = self._host
+        if h in host:
+            host.move_to_end(h)
+            return
+        if len(host) >= self.num_cpu_blocks:
+            old, _ = host.popitem(last=False)
+            self._events.append(BlockRemoved((old,), medium="CPU"))
+        parent, tokens, lora = meta
+        if parent is not None and parent not in self._cached and parent not in host:
+            return  # unreachable by prefix: not worth a copy
+        host[h] = meta
+        self._events.append(BlockStored((h,), parent, tokens, self.block_size, lora, "CPU"))
 
     def free(self, block_ids: Sequence[int]) -> None:
         """Drop one reference from each block; the tail of a sequence is evicted first."""
@@ -180,6 +236,7 @@ class BlockPool:
             return False
         self._cached.clear()
         self._meta.clear()
+        self._host.clear()
         self._hash = [None] * self.num_blocks
         self._events.append(AllBlocksCleared())
         return True
@@ -208,6 +265,21 @@ class BlockPool:
                 parent, tokens, lora = self._meta[c]
                 events.append(BlockStored((c,), parent, tokens, self.block_size, lora))
                 emitted.add(c)
+        # the host tier: a block goes out once its parent has (one pass per level of the chains)
+        pending = list(self._host)
+        while pending:
+            later: list[int] = []
+            for h in pending:
+                parent, tokens, lora = self._host[h]
+                if parent is None or parent in emitted:
+                    events.append(BlockStored((h,), parent, tokens, self.block_size, lora, "CPU"))
+                else:
+                    later.append(h)
+            if len(later) == len(pending):
+                break  # the rest hang off blocks neither tier holds: unreachable by prefix
+            waiting = set(later)
+            emitted.update(h for h in pending if h not in waiting)
+            pending = later
         return events
 
     def take_events(self) -> list[KvCacheEvent]:

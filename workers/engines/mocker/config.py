@@ -37,6 +37,13 @@ class MockerConfig:
     kv_block_bytes: int = 0
     """Bytes of one KV block (0: from the model's config.json, layers x 2 x KV heads x head dim x
     dtype bytes x block size; 2 MiB per 16 tokens when it does not say)."""
+    num_cpu_blocks: int = 0
+    """Host-memory KV tier, in blocks (0: none). Blocks evicted from the GPU are copied there
+    (least recently used out first); a prompt whose prefix is there loads it back instead of
+    recomputing it."""
+    kv_offload_bandwidth: float = 25.0
+    """GB/s of the host-to-GPU copy that loads blocks back from the host tier (PCIe 4.0 x16 in
+    practice)."""
     kv_hold_timeout_s: float = 30.0
     """A prefill worker frees the blocks of a finished remote-decode request after this long
     (simulated seconds: divided by ``speedup``) if nobody said the KV was pulled or dropped."""
@@ -50,6 +57,8 @@ class MockerConfig:
             raise ValueError("watermark must be in [0, 1)")
         if self.kv_transfer_bandwidth <= 0 or self.kv_block_bytes < 0:
             raise ValueError("kv_transfer_bandwidth must be positive, kv_block_bytes >= 0")
+        if self.num_cpu_blocks < 0 or self.kv_offload_bandwidth <= 0:
+            raise ValueError("num_cpu_blocks must be >= 0 and kv_offload_bandwidth positive")
         if self.kv_transfer_mode not in ("full_prompt", "destination_missing"):
             raise ValueError("kv_transfer_mode must be full_prompt or destination_missing")
 

@@ -107,6 +107,8 @@ class SchedulerStats:
     cached_tokens_total: int  # of which served by the prefix cache
     num_transferring: int = 0  # sequences waiting for remote KV
     num_held_blocks: int = 0  # blocks kept for remote decodes that have not pulled them yet
+    host_cached_tokens_total: int = 0  # of cached_tokens_total, loaded from the host tier
+    num_host_blocks: int = 0  # blocks in the host tier
 
 
 def default_token_source(seed: int, position: int) -> int:
@@ -122,7 +124,10 @@ class Scheduler:
         self._bs = config.block_size
         self._caching = config.enable_prefix_caching
         self.pool = BlockPool(
-            config.num_gpu_blocks, config.block_size, config.enable_prefix_caching
+            config.num_gpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.num_cpu_blocks,
         )
         self._token_source = token_source
         self.waiting: deque[Sequence] = deque()
@@ -134,6 +139,9 @@ class Scheduler:
         self._cached_total = 0
         self._held: dict[str, list[int]] = {}  # request id -> blocks kept for a remote decode
         self._bytes_per_ms = config.kv_transfer_bandwidth * 1e6  # GB/s = 1e6 bytes per ms
+        self._load_ms_per_block = config.block_bytes / (config.kv_offload_bandwidth * 1e6)
+        self._host_total = 0  # prompt tokens loaded back from the host tier
+        self._step_load_ms = 0.0  # host-tier loads of the sequences admitted in this step
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: SeqRequest) -> None:
@@ -347,13 +355,19 @@ class Scheduler:
         return True
 
     def _admit(self, seq: Sequence, budget: int) -> int:
-        """Give ``seq`` its cached prefix and blocks for its first chunk; the chunk's tokens
-        (0: it does not fit now, nothing changed)."""
+        """Give ``seq`` its cached prefix (GPU, then the host tier's next blocks, loaded back)
+        and blocks for its first chunk; the chunk's tokens (0: it does not fit now, nothing
+        changed)."""
         bs, pool = self._bs, self.pool
-        cached = pool.match_prefix(seq.hashes_upto(bs)) if self._caching else []
-        if len(cached) * bs >= len(seq.tokens):
-            cached = cached[:-1]  # compute at least the last token
-        cached_tokens = len(cached) * bs
+        hashes = seq.hashes_upto(bs) if self._caching else []
+        cached = pool.match_prefix(hashes) if hashes else []
+        n_host = pool.match_host(hashes[len(cached) :]) if pool.num_cpu_blocks else 0
+        if (len(cached) + n_host) * bs >= len(seq.tokens):  # compute at least the last token
+            if n_host:
+                n_host -= 1
+            else:
+                cached = cached[:-1]
+        cached_tokens = (len(cached) + n_host) * bs
         n = self._chunk(len(seq.tokens) - cached_tokens, budget)
         if n == 0:
             return 0
@@ -362,17 +376,27 @@ class Scheduler:
         if pool.num_free - pool.count_unreferenced(cached) - need < reserve:
             return 0
         pool.take(cached)
+        if n_host:  # loaded back before the allocation can push them out of the host tier
+            pool.touch_host(hashes[len(cached) : len(cached) + n_host])
+            self._step_load_ms += n_host * self._load_ms_per_block
         blocks = pool.allocate(need)
         assert blocks is not None  # checked above
         seq.block_ids = [*cached, *blocks]
         seq.num_computed = cached_tokens
-        seq.num_committed = len(cached)
+        seq.num_committed = len(cached)  # the step commits the loaded blocks to the GPU cache
         seq.status = SeqStatus.RUNNING
         if seq.num_cached_tokens < 0:  # first admission, not a recompute after preemption
             seq.num_cached_tokens = cached_tokens
+            seq.num_host_tokens = n_host * bs
             self._prompt_total += seq.num_prompt
             self._cached_total += cached_tokens
+            self._host_total += n_host * bs
         return n
+
+    def _take_load_ms(self) -> float:
+        """The host-tier loads of this step's admissions: they precede its forward pass."""
+        ms, self._step_load_ms = self._step_load_ms, 0.0
+        return ms
 
     def _execute(
         self,
@@ -401,7 +425,7 @@ class Scheduler:
         if finished:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         return StepResult(
-            simulated_ms=step_ms(prefill_chunks, sampled, usage),
+            simulated_ms=step_ms(prefill_chunks, sampled, usage) + self._take_load_ms(),
             outputs=outputs,
             num_prefill_tokens=sum(prefill_chunks),
             num_decode_seqs=len(scheduled) - len(prefill_chunks),
@@ -485,4 +509,6 @@ class Scheduler:
             cached_tokens_total=self._cached_total,
             num_transferring=sum(1 for s in self.running if s.transfer_left > 0),
             num_held_blocks=sum(len(b) for b in self._held.values()),
+            host_cached_tokens_total=self._host_total,
+            num_host_blocks=self.pool.num_host_cached,
         )

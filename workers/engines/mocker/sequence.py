@@ -52,6 +52,7 @@ class Sequence:
     num_committed: int = 0  # leading blocks registered in the prefix cache
     hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks of `tokens`
     num_cached_tokens: int = -1  # prompt tokens hit in the cache at first admission (-1: not yet)
+    num_host_tokens: int = 0  # of which loaded back from the host tier
     transfer_left: float = 0.0  # bytes of remote KV still to arrive (> 0: waiting for it)
     transfer_ms: float = 0.0  # simulated time its transfer took
     transferred: bool = False  # the remote KV arrived (a preemption then recomputes locally)
