@@ -52,7 +52,14 @@ from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from router.kv.keys import LEADER_TTL_MS, KvKeys
 from router.kv.redis_index import AppliedLater, ApplyItem, RedisPrefixIndex
-from router.kv.translate import EventTranslator, IndexOp, WireBlockStored, WireKvBatch
+from router.kv.translate import (
+    EventTranslator,
+    IndexOp,
+    WireBlockStored,
+    WireKvBatch,
+    holders,
+    worker_of,
+)
 from schemas import ControlRequest, ModelCard, Subjects, WireDecodeError, decode, encode
 from schemas.kv_events import BlockRemoved, IndexSnapshot
 from schemas.streams import KV_SNAPSHOT_STORE, MODELS_BUCKET
@@ -398,8 +405,9 @@ class Indexer:
         wid = batch.worker_id
         self.worker_models[wid] = batch.model
         if not self.translator.knows(wid):  # cold cache (start, failover): refill from Redis
-            blocks = await self.index.worker_blocks(batch.model, wid)
-            self.translator.preload(wid, blocks.mapping, blocks.parents)
+            for hid in holders(wid):  # the worker and its lower tiers
+                blocks = await self.index.worker_blocks(batch.model, hid)
+                self.translator.preload(hid, blocks.mapping, blocks.parents)
         tr = self.translator.translate(batch)
         if tr.missing_parent:
             return [], "unknown parent block"
@@ -410,9 +418,11 @@ class Indexer:
     async def _heal(self, model: str, worker_id: str, reason: str, seq: int) -> None:
         self.metrics.gaps.inc()
         self.log.warning("indexer_healing_worker", worker_id=worker_id, model=model, reason=reason)
-        await self.index.drop_worker(model, worker_id, seq)
+        for hid in holders(worker_id):
+            await self.index.drop_worker(model, hid, seq)
         self.translator.forget(worker_id)
-        self.translator.preload(worker_id, {})
+        for hid in holders(worker_id):
+            self.translator.preload(hid, {})
         with contextlib.suppress(Exception):
             await self.nc.publish(
                 self.cfg.subjects.ctl(worker_id, "kv_resync"), encode(ControlRequest())
@@ -426,7 +436,8 @@ class Indexer:
         model = self.worker_models.pop(worker_id, None)
         self.translator.forget(worker_id)
         if model is not None:
-            await self.index.drop_worker(model, worker_id)
+            for hid in holders(worker_id):
+                await self.index.drop_worker(model, hid)
             self.log.info("indexer_dropped_worker", worker_id=worker_id, model=model)
 
     async def reconcile(self, live: set[str]) -> list[str]:
@@ -435,7 +446,8 @@ class Indexer:
         Returns the dropped worker ids."""
         dropped: list[str] = []
         for model in sorted(await self._models()):
-            for worker_id in sorted(await self.index.workers(model) - live):
+            indexed = {worker_of(h) for h in await self.index.workers(model)}
+            for worker_id in sorted(indexed - live):
                 self.worker_models.setdefault(worker_id, model)
                 await self.worker_gone(worker_id)
                 dropped.append(worker_id)

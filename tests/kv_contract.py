@@ -252,3 +252,52 @@ class IndexContract:
         h = block_hashes(tokens(16), BS)
         await f.send("c", BlockRemoved((h[1],)))  # c: 0, 2, 3
         assert await index.match(M, h) == {"a": 2, "c": 1}
+
+    # ------------------------------------------------------------------ tiers (host memory)
+    async def test_a_host_tier_continues_the_gpu_prefix_at_its_weight(self, index):
+        """``a`` holds blocks 0-3 on its GPU and 4-11 in host memory; ``b`` holds 0-5 on its
+        GPU. Ignoring tiers, ``b`` wins; counting a host block as 0.75 of a hit (4 + 6), ``a``.
+        A block only in ``a``'s host tier past a hole does not count (contiguous only)."""
+        f = Feeder(index)
+        toks = tokens(64)  # 16 blocks
+        h = tuple(block_hashes(toks, BS))
+        await f.send("a", BlockStored(h[:4], None, tuple(toks[:16]), BS))
+        await f.send("a", BlockStored(h[4:12], h[3], tuple(toks[16:48]), BS, medium="CPU"))
+        await f.send("a", BlockStored(h[13:14], h[12], tuple(toks[52:56]), BS, medium="CPU"))
+        await f.store("b", toks[:24])
+        cands = (CandidateLoad("a"), CandidateLoad("b"))
+
+        def call(rid: str, weight: float) -> RouteCall:
+            return RouteCall(M, rid, h, 16, cands, 1.0, now_ms=1, host_weight=weight)
+
+        out = await index.route(call("", 0.0))
+        assert out.winner == "b" and out.overlaps == (4, 6)
+        out = await index.route(call("", 0.75))
+        assert out.winner == "a" and out.overlaps == (4 + 6, 6)  # floor(0.75 * 8)
+        # the block stored in the host tier is still cached on the worker while in any tier
+        await f.send("a", BlockRemoved(h[2:4]))  # GPU: 0-1 left; 2-3 in no tier
+        out = await index.route(call("", 0.75))
+        assert out.overlaps == (2, 6)
+        await f.send("a", BlockStored(h[2:4], h[1], tuple(toks[8:16]), BS, medium="CPU"))
+        out = await index.route(call("", 0.75))
+        assert out.overlaps == (2 + 7, 6)  # floor(0.75 * 10): blocks 2-11 from the host
+
+    async def test_a_tier_removal_and_a_clear_of_every_tier(self, index):
+        f = Feeder(index)
+        toks = tokens(32)
+        h = tuple(block_hashes(toks, BS))
+        await f.send("a", BlockStored(h, None, tuple(toks), BS, medium="CPU"))
+        cands = (CandidateLoad("a"),)
+        route = RouteCall(M, "", h, 8, cands, 1.0, now_ms=1, host_weight=0.5)
+        assert (await index.route(route)).overlaps == (4,)
+        assert await f.send("a", BlockRemoved(h[4:], medium="CPU"))
+        assert (await index.route(route)).overlaps == (2,)
+        await f.send("a", BlockStored(h[:2], None, tuple(toks[:8]), BS))
+        assert (await index.route(route)).overlaps == (2 + 1,)
+        await f.send("a", AllBlocksCleared(medium="GPU"))  # the host tier keeps its blocks
+        assert (await index.route(route)).overlaps == (2,)
+        await f.send("a", AllBlocksCleared())  # every tier
+        assert (await index.route(route)).overlaps == (0,)
+        # the tier's blocks went with the worker's event ids: no gap was seen on the way
+        res = await f.send("a", BlockStored(h[:1], None, tuple(toks[:4]), BS))
+        assert res.applied and not res.gap

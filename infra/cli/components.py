@@ -38,6 +38,8 @@ MOCKER = ConfigFlags(
     "kv_transfer_mode",
     "kv_block_bytes",
     "kv_hold_timeout_s",
+    "num_cpu_blocks",
+    "kv_offload_bandwidth",
     title="engine (the mocker's flags; vLLM reads the shared ones too)",
 )
 
@@ -90,6 +92,7 @@ KV = ConfigFlags(
     "reservation_ttl_s",
     "hint_ttl_s",
     "load_report_max_age_s",
+    "host_hit_weight",
     prefix="kv_",
     title="kv router (--router kv / approx)",
 )

@@ -17,12 +17,13 @@ prefix-closed, see ``shape``; this one always walks them, which is what the cont
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from router.kv.routing import RouteCall, RouteOutcome, pick, route_cost
-from router.kv.translate import ClearOp, IndexOp, RemoveOp, StoreOp
+from router.kv.translate import ClearOp, IndexOp, RemoveOp, StoreOp, holders
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,19 +93,20 @@ class InMemoryPrefixIndex:
         last = self._event_ids.get(key, 0)
         gap = last != 0 and event_id != last + 1
         blocks = self._blocks.setdefault(model, {})
-        mp = self._maps.setdefault(key, {})
-        for op in ops:
+        for op in ops:  # an op's holder: the worker or one of its lower tiers
+            hid = op.worker_id
             if isinstance(op, StoreOp):
+                mp = self._maps.setdefault((model, hid), {})
                 for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True):
                     mp[e] = f
-                    blocks.setdefault(f, set()).add(worker_id)
+                    blocks.setdefault(f, set()).add(hid)
             elif isinstance(op, RemoveOp):
+                mp = self._maps.setdefault((model, hid), {})
                 for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True):
                     mp.pop(e, None)
-                    self._discard(blocks, f, worker_id)
+                    self._discard(blocks, f, hid)
             elif isinstance(op, ClearOp):
-                self._clear(model, worker_id)
-                mp = self._maps.setdefault(key, {})
+                self._clear(model, hid)
             # ShapeOp: this index always walks chains block by block
         self._event_ids[key] = max(event_id, last)
         if stream_seq:
@@ -160,11 +162,15 @@ class InMemoryPrefixIndex:
         costs: list[float] = []
         loads: list[float] = []
         overlaps: list[int] = []
+        blocks = self._blocks.get(call.model, {})
         for c in call.candidates:
             p, d = self._load.get((call.model, c.worker_id), [0, 0])
             ap = max(p, c.reported_prefill_blocks)
             ad = max(d, c.reported_decode_blocks)
-            ov = max(overlap.get(c.worker_id, 0), c.hint_overlap_blocks)
+            ov = overlap.get(c.worker_id, 0)
+            if call.host_weight > 0:
+                ov = _with_tiers(blocks, call.block_hashes, c.worker_id, ov, call.host_weight)
+            ov = max(ov, c.hint_overlap_blocks)
             overlaps.append(ov)
             costs.append(
                 route_cost(
@@ -221,3 +227,15 @@ class InMemoryPrefixIndex:
             m: {h: frozenset(ws) for h, ws in blocks.items() if ws}
             for m, blocks in self._blocks.items()
         }
+
+
+def _with_tiers(
+    blocks: dict[int, set[str]], hashes: Sequence[int], worker_id: str, g: int, weight: float
+) -> int:
+    """The GPU prefix ``g`` continued through blocks held by any of the worker's holders, the
+    continuation counted at ``weight`` (the rule of ``routing``; the Lua route mirrors it)."""
+    tiers = set(holders(worker_id))
+    t = g
+    while t < len(hashes) and not tiers.isdisjoint(blocks.get(hashes[t], ())):
+        t += 1
+    return g + math.floor(weight * (t - g))

@@ -35,10 +35,17 @@ Arg = str | int | float | bytes
 MAX_BLOCKS_PER_CALL = 1024  # ~3-4 ms of Redis time here: a longer call would stall routing calls
 
 
-def _add_ops(args: list[Arg], ops: Sequence[IndexOp]) -> int:
-    """Append the ops in APPLY_MANY's format; returns the number of block hashes they carry."""
-    blocks = 0
+def _add_ops(args: list[Arg], worker_id: str, ops: Sequence[IndexOp]) -> tuple[int, int]:
+    """Append the ops in APPLY_MANY's format (a ``W`` op before each run of ops of another
+    holder than the last: a tier of the batch's worker); returns (ops, block hashes) added."""
+    blocks = n_ops = 0
+    current = worker_id
     for op in ops:
+        if op.worker_id != current:
+            current = op.worker_id
+            args += ("W", current)
+            n_ops += 1
+        n_ops += 1
         if isinstance(op, ClearOp):
             args.append("C")
         elif isinstance(op, ShapeOp):
@@ -53,7 +60,7 @@ def _add_ops(args: list[Arg], ops: Sequence[IndexOp]) -> int:
             else:
                 args += ("R", engine, fleet)
             blocks += len(op.engine_hashes)
-    return blocks
+    return n_ops, blocks
 
 
 def _parent_arg(parent: int | None) -> bytes:
@@ -136,8 +143,11 @@ class RedisPrefixIndex:
         args: list[Arg] = [self.ns]
         blocks = 0
         for model, worker_id, event_id, seq, ops in items:
-            args += (model, worker_id, event_id, seq, len(ops))
-            blocks += _add_ops(args, ops)
+            args += (model, worker_id, event_id, seq, 0)
+            at = len(args) - 1
+            n_ops, n_blocks = _add_ops(args, worker_id, ops)
+            args[at] = n_ops
+            blocks += n_blocks
             if blocks >= self.max_blocks_per_call:
                 calls.append(args)
                 args, blocks = [self.ns], 0
@@ -248,6 +258,7 @@ class RedisPrefixIndex:
             cands,
             pack_hashes(call.block_hashes),
             call.prefill_overhead_blocks,
+            call.host_weight,
         )
         winner, overlaps, costs, loads = _route_reply.decode(out)
         return RouteOutcome(c[winner - 1].worker_id, overlaps, costs, loads)

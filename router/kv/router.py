@@ -57,6 +57,9 @@ class KvRouterConfig:
     approx_ttl_s: float = 120.0
     """approx: how long a route is remembered as cached on its worker."""
     hint_ttl_s: float = 5.0  # kv: trust this router's own recent routes for this long (0: off)
+    host_hit_weight: float = 0.75
+    """kv: a prompt block in a worker's host-memory tier counts as this fraction of a GPU hit
+    (loading it back over PCIe costs about a quarter of recomputing it; 0: tiers ignored)."""
     load_report_max_age_s: float = 5.0  # older reports are ignored
 
 
@@ -145,6 +148,7 @@ class KvRouter:
             rand=self._rng.random(),
             now_ms=int(time.time() * 1000),
             ttl_ms=int(self.cfg.reservation_ttl_s * 1000),
+            host_weight=self.cfg.host_hit_weight,
         )
         out = await self.index.route(call)
         if self.cfg.hint_ttl_s:

@@ -8,9 +8,12 @@ lowest (ties broken with the caller's random number; with a temperature, sample 
                              + prefill_overhead_blocks)
            + active_decode_blocks + new_blocks
 
-``overlap_blocks`` is the larger of what the index holds and the caller's hint (blocks it routed
-to that worker moments ago, whose KV events may not be indexed yet). ``active_*`` is the larger
-of the reservations every router holds on the worker and the worker's own latest load report.
+``overlap_blocks`` is the larger of what the index holds and the caller's hint (blocks it routed to
+that worker moments ago, whose KV events may not be indexed yet). What the index holds is the
+worker's GPU prefix ``g``, continued through the next ``h`` blocks held in any of its tiers (host
+memory: loaded back over PCIe instead of recomputed), as ``g + floor(host_weight * h)``.
+``active_*`` is the larger of the reservations every router holds on the worker and the worker's own
+latest load report.
 ``prefill_overhead_blocks`` is what one prefill costs beyond its tokens, in blocks (an engine
 step pays a fixed cost per prefilling sequence: the mocker's 16.5 ms is about 17 blocks of 64
 tokens). It enters ``active_prefill_blocks`` once per request still to prefill, so two cache hits
@@ -46,6 +49,9 @@ class RouteCall:
     rand: float = 0.0  # uniform in [0, 1): tie-break / sampling draw, from the caller
     now_ms: int = 0
     ttl_ms: int = 120_000
+    # a worker's GPU prefix continues through the blocks its lower tiers (host memory) hold,
+    # each counted as this fraction of a block, rounded down (0: lower tiers ignored)
+    host_weight: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,15 @@ import msgspec
 from router.kv.shape import UNKNOWN, WorkerShape
 from schemas import WireDecodeError
 from schemas.hashing import block_hashes, chain_hash, hash_seed, local_block_hashes
-from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from schemas.kv_events import (
+    GPU,
+    OFFLOAD_MEDIA,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEventBatch,
+    Medium,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,24 @@ class ShapeOp:
 IndexOp = StoreOp | RemoveOp | ClearOp | ShapeOp
 
 
+def tier_holder(worker_id: str, medium: Medium) -> str:
+    """Who holds a worker's blocks of a tier in the index: the worker itself for GPU memory,
+    ``"{worker} {medium}"`` for a tier below it (a space: no worker id has one, they are
+    subject tokens). Each holder has its own blocks, map and shape, so a block counts as held
+    while any of the worker's holders has it; the worker's event ids cover all of them."""
+    return worker_id if medium == GPU else f"{worker_id} {medium}"
+
+
+def holders(worker_id: str) -> tuple[str, ...]:
+    """The worker and its lower tiers, as index holders."""
+    return (worker_id, *(tier_holder(worker_id, m) for m in OFFLOAD_MEDIA))
+
+
+def worker_of(holder: str) -> str:
+    """The worker a holder belongs to."""
+    return holder.split(" ", 1)[0]
+
+
 class WireBlockStored(msgspec.Struct, frozen=True, tag="stored", omit_defaults=True):
     """``BlockStored`` as the indexer decodes it: ``token_ids`` still msgpack-encoded."""
 
@@ -80,6 +106,7 @@ class WireBlockStored(msgspec.Struct, frozen=True, tag="stored", omit_defaults=T
     token_ids: msgspec.Raw
     block_size: int
     lora_name: str | None = None
+    medium: Medium = GPU
 
 
 class WireKvBatch(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -90,7 +117,7 @@ class WireKvBatch(msgspec.Struct, frozen=True, omit_defaults=True):
     event_id: int
     ts_s: float
     events: tuple[WireBlockStored | BlockRemoved | AllBlocksCleared, ...]
-    v: int = 1
+    v: int = 2
 
 
 @dataclass
@@ -132,10 +159,12 @@ class EventTranslator:
         self._announced.pop(worker_id, None)
 
     def forget(self, worker_id: str) -> None:
-        self._maps.pop(worker_id, None)
-        self._shapes.pop(worker_id, None)
-        self._announced.pop(worker_id, None)
-        self._fleet_hashing.discard(worker_id)
+        """Drop a worker and its tiers."""
+        for hid in holders(worker_id):
+            self._maps.pop(hid, None)
+            self._shapes.pop(hid, None)
+            self._announced.pop(hid, None)
+            self._fleet_hashing.discard(hid)
 
     def hashes_like_fleet(self, worker_id: str) -> bool:
         return worker_id in self._fleet_hashing
@@ -143,15 +172,27 @@ class EventTranslator:
     def translate(self, batch: KvEventBatch | WireKvBatch) -> Translation:
         out = Translation()
         wid = batch.worker_id
-        mp = self.mapping(wid)
-        shape = self._shapes.setdefault(wid, WorkerShape())
+        touched: set[str] = set()
         for ev in batch.events:
+            if isinstance(ev, AllBlocksCleared):
+                for hid in holders(wid) if ev.medium is None else (tier_holder(wid, ev.medium),):
+                    if hid != wid and not self._maps.get(hid):
+                        continue  # a tier that holds nothing here
+                    self.mapping(hid).clear()
+                    out.ops.append(ClearOp(hid))
+                    self._shapes.setdefault(hid, WorkerShape()).clear()
+                    touched.add(hid)
+                continue
+            hid = tier_holder(wid, ev.medium)
+            mp = self.mapping(hid)
+            shape = self._shapes.setdefault(hid, WorkerShape())
+            touched.add(hid)
             if isinstance(ev, BlockStored | WireBlockStored):
-                op = self._stored(wid, mp, ev, out)
+                op = self._stored(hid, mp, ev, out, wid)
                 if op is not None:
                     out.ops.append(op)
                     shape.stored(op.fleet_hashes, op.parent)
-            elif isinstance(ev, BlockRemoved):
+            else:
                 fleet = []
                 engine = []
                 for h in ev.block_hashes:
@@ -164,23 +205,40 @@ class EventTranslator:
                 if fleet:
                     engine_t = tuple(engine)
                     fleet_t = engine_t if engine == fleet else tuple(fleet)
-                    out.ops.append(RemoveOp(wid, engine_t, fleet_t))
+                    out.ops.append(RemoveOp(hid, engine_t, fleet_t))
                     shape.removed(fleet_t)
-            elif isinstance(ev, AllBlocksCleared):
-                mp.clear()
-                out.ops.append(ClearOp(wid))
-                shape.clear()
-        if self._announced.get(wid) is not shape.hole_free:
-            self._announced[wid] = shape.hole_free
-            out.ops.append(ShapeOp(wid, shape.hole_free))
+        for hid in sorted(touched | {wid}):
+            shape = self._shapes.setdefault(hid, WorkerShape())
+            if self._announced.get(hid) is not shape.hole_free:
+                self._announced[hid] = shape.hole_free
+                out.ops.append(ShapeOp(hid, shape.hole_free))
         return out
 
+    def _parent(self, wid: str, mp: dict[int, int], engine_hash: int) -> int | None:
+        """The fleet hash of a parent block held in any of the worker's tiers."""
+        found = mp.get(engine_hash)
+        if found is not None:
+            return found
+        for hid in holders(wid):
+            other = self._maps.get(hid)
+            if other is not None and other is not mp:
+                found = other.get(engine_hash)
+                if found is not None:
+                    return found
+        return None
+
     def _stored(
-        self, wid: str, mp: dict[int, int], ev: BlockStored | WireBlockStored, out: Translation
+        self,
+        wid: str,
+        mp: dict[int, int],
+        ev: BlockStored | WireBlockStored,
+        out: Translation,
+        worker_id: str,
     ) -> StoreOp | None:
+        """``wid``: the holder (the worker or one of its tiers), ``mp`` its map."""
         parent: int | None = None
         if ev.parent_block_hash is not None:
-            parent = mp.get(ev.parent_block_hash)
+            parent = self._parent(worker_id, mp, ev.parent_block_hash)
             if parent is None:
                 out.missing_parent = True
                 return None

@@ -4,7 +4,9 @@
 --   'S' engine_blob fleet_blob parent (stored, a chain run; parent: the first block's parent
 --       fleet hash, '' root, '?' not known to be a chain: no block's parent known)
 --   | 'R' engine_blob fleet_blob (removed) | 'C' (cleared)
---   | 'H' '1'/'0' (the worker's blocks are / are not prefix-closed: see ``shape``);
+--   | 'H' '1'/'0' (the worker's blocks are / are not prefix-closed: see ``shape``)
+--   | 'W' holder (the next ops are about this holder: the batch's worker or one of its lower
+--       tiers, ``translate.tier_holder``; a tier has its own slot and map, no event ids);
 --   fleet_blob '' = the fleet hashes are the engine hashes. worker '' = a message with nothing to
 --   apply (only the position moves). stream_seq 0 = not from the stream (always applied).
 -- A batch whose stream_seq is at or below the applied position is skipped (redelivery).
@@ -15,20 +17,23 @@ local top = tonumber(redis.call('HGET', pos, 'seq') or '0')
 local moved = false
 local out, seen, evids = {}, {}, {}
 
-local function worker_state(model, worker)
+local function worker_state(model, worker, tier)
   local key = model .. '\0' .. worker
   local w = seen[key]
   if w == nil then
     local evid = ns .. ':evid:' .. model
     w = {
       slot = slot_of(ns, model, worker, true),
-      last = tonumber(redis.call('HGET', evid, worker) or '0'),
+      last = 0,
       blk = ns .. ':blk:' .. model,
       map = ns .. ':map:' .. model .. ':' .. worker,
     }
     seen[key] = w
-    evids[evid] = evids[evid] or {}
-    evids[evid][worker] = w
+    if not tier then
+      w.last = tonumber(redis.call('HGET', evid, worker) or '0')
+      evids[evid] = evids[evid] or {}
+      evids[evid][worker] = w
+    end
   end
   return w
 end
@@ -64,7 +69,7 @@ local function remove(w, eb, fb)
   hdel_chunks(w.map, engine)
 end
 
-local OP_ARGS = {S = 4, R = 3, C = 1, H = 2}
+local OP_ARGS = {S = 4, R = 3, C = 1, H = 2, W = 2}
 local i, n = 2, #ARGV
 while i <= n do
   local model, worker = ARGV[i], ARGV[i + 1]
@@ -79,15 +84,19 @@ while i <= n do
     for _ = 1, n_ops do i = i + OP_ARGS[ARGV[i]] end
   else
     if seq > 0 then top = seq; moved = true end
-    local w = worker_state(model, worker)
+    local w = worker_state(model, worker, false)
     out[#out + 1] = (w.last > 0 and eid ~= w.last + 1) and '2' or '1'
     if eid > w.last then w.last = eid; w.dirty = true end
+    local h, hw = worker, w  -- the holder the ops are about
     for _ = 1, n_ops do
       local op = ARGV[i]
-      if op == 'S' then store(w, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
-      elseif op == 'R' then remove(w, ARGV[i + 1], ARGV[i + 2])
-      elseif op == 'C' then clear_worker(ns, model, worker, w.slot)
-      else redis.call('SETBIT', ns .. ':nohole:' .. model, w.slot, ARGV[i + 1]) end
+      if op == 'S' then store(hw, ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+      elseif op == 'R' then remove(hw, ARGV[i + 1], ARGV[i + 2])
+      elseif op == 'C' then clear_worker(ns, model, h, hw.slot)
+      elseif op == 'W' then
+        h = ARGV[i + 1]
+        hw = h == worker and w or worker_state(model, h, true)
+      else redis.call('SETBIT', ns .. ':nohole:' .. model, hw.slot, ARGV[i + 1]) end
       i = i + OP_ARGS[op]
     end
   end

@@ -256,6 +256,32 @@ local function overlaps(ns, model, blob, slots)
   return overlap
 end
 
+-- extend(bkey, blob, n_hash, start, bits) -> the end of the run of blocks from `start` (0-based)
+-- each held by one of the holders whose (byte index, mask) pairs are in `bits` (a worker and its
+-- lower tiers): a worker's GPU prefix continued through blocks in its host tier.
+local function extend(bkey, blob, n_hash, start, bits)
+  local band = bit.band
+  local i, chunk = start, 16
+  while i < n_hash do
+    local hi = math.min(i + chunk, n_hash)
+    local fields = {}
+    for j = i + 1, hi do fields[j - i] = sub(blob, 8 * j - 7, 8 * j) end
+    local vals = redis.call('HMGET', bkey, unpack(fields))
+    for j = 1, #vals do
+      local v, held = vals[j], false
+      if v then
+        for k = 1, #bits, 2 do
+          if band(byte(v, bits[k]) or 0, bits[k + 1]) ~= 0 then held = true; break end
+        end
+      end
+      if not held then return i + j - 1 end
+    end
+    i = hi
+    chunk = math.min(chunk * 4, CHUNK)
+  end
+  return n_hash
+end
+
 -- Take `n` blocks off a worker's reserved load; a field that reaches 0 is deleted, so the load
 -- hashes hold only workers with reservations (ROUTE reads them whole).
 local function unreserve(key, worker, n)

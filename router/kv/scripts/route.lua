@@ -1,7 +1,7 @@
 -- needs common.lua (prepended by router.kv.lua)
 -- One atomic routing step: expire old reservations, match, score every candidate, pick, reserve.
 -- ARGV: ns, model, request_id, now_ms, ttl_ms, prefill_weight, temperature, rand01, new_blocks,
---       candidates, hash_blob, prefill_overhead_blocks. candidates: msgpack [[worker ids],
+--       candidates, hash_blob, prefill_overhead_blocks, host_weight. candidates: msgpack [[worker ids],
 --       [reported prefill blocks], [reported decode blocks], [hint overlap blocks]] (columns,
 --       in candidate order).
 -- Returns msgpack [winner_index (1-based), [overlap], [cost], [load]] (per candidate): numbers
@@ -19,6 +19,25 @@ local slot_of_w = sm and cmsgpack.unpack(sm) or {}
 local slots = {}
 for c = 1, n_cand do slots[c] = slot_of_w[workers[c]] or false end
 local overlap = overlaps(ns, model, blob, slots)
+-- A worker with lower tiers (``translate.tier_holder``): its GPU prefix continues through blocks
+-- held in any of its tiers, each counted as host_weight of a block (rounded down).
+local hw = tonumber(ARGV[13] or '0')
+if hw > 0 then
+  local bkey, n_hash = ns .. ':blk:' .. model, #blob / 8
+  for c = 1, n_cand do
+    local bits = {}
+    for _, tier in ipairs({' CPU', ' DISK'}) do
+      local s = slot_of_w[workers[c] .. tier]
+      if s then local bi, m = slot_bit(s); bits[#bits + 1] = bi; bits[#bits + 1] = m end
+    end
+    if #bits > 0 then
+      if slots[c] then local bi, m = slot_bit(slots[c]); bits[#bits + 1] = bi; bits[#bits + 1] = m end
+      local g = overlap[c] or 0
+      local t = extend(bkey, blob, n_hash, g, bits)
+      if t > g then overlap[c] = g + math.floor(hw * (t - g)) end
+    end
+  end
+end
 local loadp, loadd = ns .. ':loadp:' .. model, ns .. ':loadd:' .. model
 local res_p, res_d = {}, {}  -- whole hashes: only workers with reservations have a field
 local all = redis.call('HGETALL', loadp)
