@@ -81,6 +81,7 @@ class Generation:
         self.tried: list[str] = [self.worker_id] if self.worker_id else []
         self.generated: list[int] = []
         self.cached_tokens = 0
+        self.host_cached_tokens = 0
         self.next_index = 0
         self.last_activity = time.monotonic()
         self.queue: asyncio.Queue[TokenChunk | _Migrate] = asyncio.Queue()
@@ -126,6 +127,7 @@ class Generation:
                     self.generated.extend(chunk.token_ids)
                     if chunk.usage is not None:
                         self.cached_tokens = chunk.usage.cached_tokens
+                        self.host_cached_tokens = chunk.usage.host_cached_tokens
                     if chunk.finish_reason is not None:
                         self.done = True
                     yield chunk
@@ -173,6 +175,7 @@ class Generation:
             isl_tokens=self.prompt_len,
             osl_tokens=osl,
             cached_tokens=self.cached_tokens,
+            host_cached_tokens=self.host_cached_tokens,
             ttft_s=(first_at - accepted) if first_at else 0.0,
             itl_s=(last_at - first_at) / (osl - 1) if osl > 1 and first_at and last_at else 0.0,
             e2e_s=end - accepted,

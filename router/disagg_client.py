@@ -152,6 +152,7 @@ class DisaggGeneration:
         self.worker_id = self.decision.worker_id if self.decision else ""
         self.generated: list[int] = []
         self.cached_tokens = 0
+        self.host_cached_tokens = 0
         self.disagg, self.disagg_reason = "remote", "long_uncached"
         self.prefill_worker_id = ""
         self.prefill_s = 0.0
@@ -209,6 +210,7 @@ class DisaggGeneration:
             self.generated.extend(chunk.token_ids)
             if chunk.usage is not None:
                 self.cached_tokens = chunk.usage.cached_tokens
+                self.host_cached_tokens = chunk.usage.host_cached_tokens
                 self.kv_transfer_ms = chunk.usage.kv_transfer_ms
             yield chunk
 
@@ -281,6 +283,7 @@ class DisaggGeneration:
             isl_tokens=self.prompt_len,
             osl_tokens=osl,
             cached_tokens=self.cached_tokens,
+            host_cached_tokens=self.host_cached_tokens,
             ttft_s=(first_at - accepted) if first_at else 0.0,
             itl_s=(last_at - first_at) / (osl - 1) if osl > 1 and first_at and last_at else 0.0,
             disagg=self.disagg,

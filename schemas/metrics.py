@@ -40,7 +40,8 @@ class RequestObservation(msgspec.Struct, frozen=True, omit_defaults=True):
     worker_id: str = ""
     isl_tokens: int = 0  # prompt tokens as sent
     osl_tokens: int = 0  # generated tokens
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens not recomputed (any tier of the worker's cache)
+    host_cached_tokens: int = 0  # of which loaded back from its host-memory tier
     ttft_s: float = 0.0  # accept -> first token at the frontend
     itl_s: float = 0.0  # mean inter-token latency over the stream
     e2e_s: float = 0.0  # accept -> last token

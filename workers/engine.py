@@ -39,6 +39,7 @@ class EngineOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None
+    num_host_cached_tokens: int = 0  # of which loaded back from a host-memory tier
     # On a final output: what a remote decode needs to pull this prefill's KV (engine-specific,
     # opaque to the fleet; vLLM's KV connectors fill it).
     kv_transfer_params: dict[str, object] | None = None

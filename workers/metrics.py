@@ -56,6 +56,8 @@ class WorkerMetrics:
         self._finished.labels(**self._labels, finish_reason=reason).inc()
         self._tokens.labels(**self._labels, kind="prompt").inc(ar.prompt_tokens)
         self._tokens.labels(**self._labels, kind="cached").inc(ar.cached_tokens)
+        if ar.host_cached_tokens:
+            self._tokens.labels(**self._labels, kind="cached_host").inc(ar.host_cached_tokens)
         self._tokens.labels(**self._labels, kind="generated").inc(ar.num_generated)
         self._duration.observe(now - ar.started_at)
 

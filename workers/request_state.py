@@ -29,6 +29,7 @@ class ActiveRequest:
         "final_sent",
         "finish_reason",
         "finished",
+        "host_cached_tokens",
         "kv_transfer_ms",
         "kv_transfer_params",
         "msg",
@@ -64,6 +65,7 @@ class ActiveRequest:
         self.num_generated = 0
         self.prompt_tokens = len(request.token_ids)
         self.cached_tokens = 0
+        self.host_cached_tokens = 0
         self.finished = False
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -81,6 +83,7 @@ class ActiveRequest:
             self.prompt_tokens = output.num_prompt_tokens
         if output.num_cached_tokens:
             self.cached_tokens = output.num_cached_tokens
+            self.host_cached_tokens = output.num_host_cached_tokens
         if output.kv_transfer_ms:
             self.kv_transfer_ms = output.kv_transfer_ms
         if output.new_token_ids:
@@ -126,7 +129,11 @@ class ActiveRequest:
             finish_reason=self.finish_reason if final else None,
             usage=(
                 Usage(
-                    self.prompt_tokens, self.num_generated, self.cached_tokens, self.kv_transfer_ms
+                    self.prompt_tokens,
+                    self.num_generated,
+                    self.cached_tokens,
+                    self.kv_transfer_ms,
+                    self.host_cached_tokens,
                 )
                 if final
                 else None

@@ -943,6 +943,8 @@ class Frontend:
             self.metrics.tokens.labels(model, "prompt").inc(prompt_len)
             self.metrics.tokens.labels(model, "completion").inc(osl)
             self.metrics.tokens.labels(model, "cached").inc(gen.cached_tokens)
+            if gen.host_cached_tokens:
+                self.metrics.tokens.labels(model, "cached_host").inc(gen.host_cached_tokens)
             if gen.attempts > 1:
                 self.metrics.migrations.labels(model).inc(gen.attempts - 1)
             obs = gen.observation(

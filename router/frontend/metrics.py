@@ -77,7 +77,7 @@ class FrontendMetrics:
         )
         self.tokens = Counter(
             f"{ns}_tokens",
-            "Tokens by kind (prompt, completion, cached)",
+            "Tokens by kind (prompt, completion, cached; cached_host: of cached, from a host tier)",
             ["model", "kind"],
             registry=registry,
         )

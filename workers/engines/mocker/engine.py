@@ -294,6 +294,7 @@ class MockerEngine:
                     finish_reason=out.finish_reason,
                     num_prompt_tokens=out.num_prompt_tokens,
                     num_cached_tokens=out.num_cached_tokens,
+                    num_host_cached_tokens=out.num_host_tokens,
                     logprobs=logprobs,
                     prompt_logprobs=prompt_lps,
                     embedding=vector,

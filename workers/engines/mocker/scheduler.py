@@ -82,6 +82,7 @@ class SeqOutput(NamedTuple):  # immutable and ~5x cheaper to build than a frozen
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served by the prefix cache at first admission
     num_output_tokens: int  # generated so far, this token included
+    num_host_tokens: int = 0  # of num_cached_tokens, loaded back from the host tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -465,6 +466,7 @@ class Scheduler:
             seq.num_prompt,
             seq.num_cached_tokens,
             len(seq.output),
+            seq.num_host_tokens,
         )
 
     def _commit(self, seq: Sequence) -> None:
