@@ -168,11 +168,13 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
                 num_running=load.num_running,
                 num_waiting=load.num_waiting,
                 kv_usage=round(load.kv_usage, 4),
+                num_cpu_blocks=load.num_cpu_blocks,
+                host_kv_usage=round(load.host_kv_usage, 4) if load.num_cpu_blocks else None,
                 prefix_cache_hit_rate=round(load.prefix_cache_hit_rate, 4),
                 load_age_s=round(now - load.ts_s, 2),
             )
         except Exception:
-            row.update(num_running=None, num_waiting=None, kv_usage=None)
+            row.update(num_running=None, num_waiting=None, kv_usage=None, host_kv_usage=None)
         workers.append(row)
     cards = await load_cards(js, subjects)
     models = [
@@ -225,14 +227,15 @@ async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
         )
     print(
         f"{'WORKER':<14} {'MODEL':<16} {'ROLE':<7} {'STATUS':<9} {'RUN':>4} {'WAIT':>5} "
-        f"{'KV%':>6} {'HB AGE':>7}  METRICS"
+        f"{'KV%':>6} {'HOST%':>6} {'HB AGE':>7}  METRICS"
     )
     for w in report["workers"]:
         kv = "-" if w["kv_usage"] is None else f"{100 * w['kv_usage']:.1f}"
+        host = "-" if w["host_kv_usage"] is None else f"{100 * w['host_kv_usage']:.1f}"
         print(
             f"{w['worker_id']:<14} {w['model']:<16} {w['role']:<7} {w['status']:<9} "
             f"{w['num_running'] if w['num_running'] is not None else '-':>4} "
-            f"{w['num_waiting'] if w['num_waiting'] is not None else '-':>5} {kv:>6} "
+            f"{w['num_waiting'] if w['num_waiting'] is not None else '-':>5} {kv:>6} {host:>6} "
             f"{w['heartbeat_age_s']:>6.1f}s  {w['metrics_url'] or '-'}"
         )
     return 0

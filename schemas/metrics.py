@@ -29,6 +29,8 @@ class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):
     prefix_cache_hit_rate: float = 0.0  # cached / total prompt tokens since start
     step_ms: float = 0.0  # last engine step duration (simulated for the mocker)
     status: str = "ready"
+    num_cpu_blocks: int = 0  # blocks of its host-memory KV tier (0: none)
+    host_kv_usage: float = 0.0  # fraction of those holding cached KV, 0..1
     v: int = 1
 
 

@@ -65,6 +65,9 @@ class EngineLoad:
     prompt_tokens_total: int = 0
     cached_tokens_total: int = 0
     step_ms: float = 0.0
+    num_cpu_blocks: int = 0  # host-memory KV tier (0: none)
+    num_host_blocks: int = 0  # of which holding cached KV
+    host_cached_tokens_total: int = 0  # of cached_tokens_total, loaded from the host tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,9 @@ class WorkerMetrics:
         self._running = gauge("num_running", "Sequences in the running batch")
         self._waiting = gauge("num_waiting", "Sequences waiting (incl. preempted)")
         self._kv_usage = gauge("kv_usage", "Fraction of KV blocks in use")
+        self._host_kv_usage = gauge(
+            "host_kv_usage", "Fraction of the host-memory KV tier's blocks holding cached KV"
+        )
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(f"{ns}_{name}", doc, list(labels), registry=registry).labels(**labels)
@@ -65,6 +68,8 @@ class WorkerMetrics:
         self._running.set(load.num_running)
         self._waiting.set(load.num_waiting)
         self._kv_usage.set(load.kv_usage)
+        if load.num_cpu_blocks:
+            self._host_kv_usage.set(load.num_host_blocks / load.num_cpu_blocks)
         now = (load.num_preempted_total, load.prompt_tokens_total, load.cached_tokens_total)
         for counter, new, old in zip(
             (self._preemptions, self._cache_queries, self._cache_hits), now, self._seen, strict=True

@@ -121,4 +121,6 @@ class Registry:
             prefix_cache_hit_rate=hit_rate,
             step_ms=load.step_ms,
             status=self.status,
+            num_cpu_blocks=load.num_cpu_blocks,
+            host_kv_usage=load.num_host_blocks / max(load.num_cpu_blocks, 1),
         )

@@ -8,10 +8,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from base.connect import connect_redis
+from base.connect import connect_nats, connect_redis
+from infra.tools import fleet_status
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt, tier_holder
+from schemas import Subjects
 from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import Observations
 from tests.helpers import wait_for
@@ -51,9 +53,7 @@ async def test_a_prefix_in_host_memory_is_routed_to_and_loaded_back(
 
             async def in_host_only() -> bool:
                 held = await index.match(M, hashes)
-                return held.get(tier_holder(first, "CPU"), 0) == len(hashes) and not held.get(
-                    first
-                )
+                return held.get(tier_holder(first, "CPU"), 0) == len(hashes) and not held.get(first)
 
             await wait_for(in_host_only, timeout=20)
             # a second worker with nothing cached: the head is cheaper where its host copy is
@@ -80,6 +80,20 @@ async def test_a_prefix_in_host_memory_is_routed_to_and_loaded_back(
         # every full block of the head came back from host memory, none recomputed
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(hashes) * 16
         assert o.host_cached_tokens == o.cached_tokens >= len(hashes) * 16
+
+        # jetfleet status: the host tier's size and how full it is
+        nc = await connect_nats(fleet.nats_url, name="test-status")
+        try:
+
+            async def host_row() -> dict | None:
+                report = await fleet_status(nc, Subjects(fleet.prefix))
+                row = next(w for w in report["workers"] if w["worker_id"] == first)
+                return row if row.get("host_kv_usage") else None
+
+            row = await wait_for(host_row, timeout=10)
+        finally:
+            await nc.close()
+        assert row["num_cpu_blocks"] == 512 and 40 / 512 <= row["host_kv_usage"] <= 1
     finally:
         await redis.aclose()
         fleet.stop()

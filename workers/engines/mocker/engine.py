@@ -223,6 +223,9 @@ class MockerEngine:
             prompt_tokens_total=st.prompt_tokens_total,
             cached_tokens_total=st.cached_tokens_total,
             step_ms=self._last_step_ms,
+            num_cpu_blocks=self.config.num_cpu_blocks,
+            num_host_blocks=st.num_host_blocks,
+            host_cached_tokens_total=st.host_cached_tokens_total,
         )
 
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
