@@ -64,6 +64,8 @@ VLLM = ConfigFlags(
     "kv_replay_endpoint",
     "kv_connector",
     "kv_role",
+    "kv_offloading_size",
+    "kv_offloading_backend",
     title="vLLM engine (--engine vllm; pip install 'jetfleet[vllm]')",
 )
 

@@ -115,3 +115,27 @@ def test_snapshot_survives_a_parent_cycle() -> None:
     shadow = CacheShadow()
     shadow.apply([stored((1,), None, 0), stored((2,), 1, 2), stored((1,), 2, 4)])  # 1 <-> 2
     assert flat(list(shadow.snapshot_events())) == [AllBlocksCleared()]
+
+
+def test_each_tier_is_shadowed_and_republished_after_the_gpu() -> None:
+    """vLLM offloads a chain's tail to host memory: the host blocks hang off GPU blocks, are
+    removed and cleared per tier, and the resync snapshot brings back both tiers, each block
+    after its parent (in whichever tier that is)."""
+    shadow = CacheShadow()
+    host = BlockStored((3, 4), 2, tuple(range(4, 8)), BS, medium="CPU")
+    forwarded = shadow.apply([stored((1, 2), None, 0), host])
+    assert forwarded[-1] == host  # its parent is a GPU block
+    assert (len(shadow), shadow.held("CPU")) == (2, 2)
+    # a GPU removal of a hash the host holds leaves the host copy alone
+    assert shadow.apply([BlockRemoved((3,))]) == []
+    assert shadow.apply([BlockRemoved((4,), medium="CPU")]) == [BlockRemoved((4,), medium="CPU")]
+    snapshot = flat(list(shadow.snapshot_events()))
+    assert snapshot == [
+        AllBlocksCleared(),
+        BlockStored((1, 2), None, (0, 1, 2, 3), BS),
+        BlockStored((3,), 2, (4, 5), BS, medium="CPU"),
+    ]
+    assert shadow.apply([AllBlocksCleared(medium="GPU")]) == [AllBlocksCleared(medium="GPU")]
+    assert (len(shadow), shadow.held("CPU")) == (0, 1)
+    # the host block's parent is gone from every tier: unreachable, left out
+    assert flat(list(shadow.snapshot_events())) == [AllBlocksCleared()]

@@ -79,6 +79,11 @@ def test_engine_args_options_and_overrides() -> None:
     assert (args["enable_lora"], args["max_loras"], args["max_lora_rank"]) == (True, 2, 16)
     assert args["kv_transfer_config"] == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     assert args["swap_space"] == 8 and args["max_model_len"] == 8192  # extra args win
+    assert "kv_offloading_size" not in args and "kv_offloading_backend" not in args
+    tiered = engine_args_kwargs(
+        VllmEngineConfig(model="m", kv_offloading_size=16.0, kv_offloading_backend="lmcache"), None
+    )
+    assert (tiered["kv_offloading_size"], tiered["kv_offloading_backend"]) == (16.0, "lmcache")
 
 
 def test_explicit_tcp_endpoints(tmp_path: Path) -> None:

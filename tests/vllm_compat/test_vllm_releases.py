@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,7 +48,7 @@ from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig, eng
 from workers.engines.vllm.kv_events import DecodeOptions, decode_batch
 from workers.engines.vllm.mapping import sampling_kwargs
 from workers.engines.vllm.subscriber import KvEventSubscriber
-from workers.engines.vllm.versions import TESTED_RELEASES, features
+from workers.engines.vllm.versions import KV_OFFLOADING, TESTED_RELEASES, features, parse_version
 
 pytestmark = pytest.mark.vllm_compat
 
@@ -415,6 +416,13 @@ def test_engine_args_accept_what_the_config_builds(vllm: SimpleNamespace) -> Non
     )
     kwargs = engine_args_kwargs(cfg, KvEventsEndpoints("ipc:///x/p", "ipc:///x/r", TOPIC))
     assert set(kwargs) <= args, set(kwargs) - args
+    # the host-memory tier's settings: from the release versions.py names
+    tiered = engine_args_kwargs(
+        replace(cfg, kv_offloading_size=8.0, kv_offloading_backend="native"), None
+    )
+    offloading = {"kv_offloading_size", "kv_offloading_backend"}
+    assert offloading <= set(tiered)
+    assert (offloading <= args) is (parse_version(vllm.release) >= KV_OFFLOADING)
     events_src = sources.source_text(vllm.release, "vllm/config/kv_events.py") or (
         sources.source_text(vllm.release, "vllm/config.py") or ""
     )

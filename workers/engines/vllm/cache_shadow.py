@@ -13,6 +13,8 @@ gives:
   only when its parent is the root or a block it holds, and drops the others (``orphans``): what
   the fleet sees is always a subset of what vLLM holds, never a chain it cannot place.
 
+Each tier (``medium``: GPU, and CPU or DISK with vLLM's offloading) is shadowed on its own; a
+stored block's parent may be in any of them, and a resync republishes every tier, GPU first.
 Removals are forwarded only for blocks the shadow holds. Token ids are kept as ``array('I')``
 (4 bytes per token), so a shadow of 100k blocks of 16 tokens costs about 6 MiB of tokens.
 """
@@ -23,7 +25,15 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
+from schemas.kv_events import (
+    GPU,
+    OFFLOAD_MEDIA,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvCacheEvent,
+    Medium,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +46,23 @@ class _Block:
 
 class CacheShadow:
     def __init__(self) -> None:
-        self._blocks: dict[int, _Block] = {}
+        self._tiers: dict[Medium, dict[int, _Block]] = {m: {} for m in (GPU, *OFFLOAD_MEDIA)}
+        self._blocks = self._tiers[GPU]
         self.orphans = 0  # BlockStored runs dropped because their parent was unknown
 
     def __len__(self) -> int:
+        """Blocks in GPU memory."""
         return len(self._blocks)
 
     def __contains__(self, engine_hash: object) -> bool:
         return engine_hash in self._blocks
+
+    def held(self, medium: Medium) -> int:
+        """Blocks of a tier."""
+        return len(self._tiers[medium])
+
+    def _known(self, engine_hash: int) -> bool:
+        return any(engine_hash in t for t in self._tiers.values())
 
     def apply(self, events: Iterable[KvCacheEvent]) -> list[KvCacheEvent]:
         """Apply vLLM's events; return the ones to forward to the fleet (see module docstring)."""
@@ -53,25 +72,29 @@ class CacheShadow:
                 if self._store(ev):
                     out.append(ev)
             elif isinstance(ev, BlockRemoved):
-                known = tuple(h for h in ev.block_hashes if self._blocks.pop(h, None) is not None)
+                tier = self._tiers[ev.medium]
+                known = tuple(h for h in ev.block_hashes if tier.pop(h, None) is not None)
                 if known:
-                    out.append(BlockRemoved(known))
+                    out.append(BlockRemoved(known, ev.medium))
             else:
-                self._blocks.clear()
+                for medium, tier in self._tiers.items():
+                    if ev.medium in (None, medium):
+                        tier.clear()
                 out.append(ev)
         return out
 
     def _store(self, ev: BlockStored) -> bool:
-        if ev.parent_block_hash is not None and ev.parent_block_hash not in self._blocks:
+        if ev.parent_block_hash is not None and not self._known(ev.parent_block_hash):
             self.orphans += 1
             return False
         bs = ev.block_size
         parent = ev.parent_block_hash
+        tier = self._tiers[ev.medium]
         for i, h in enumerate(ev.block_hashes):
             tokens = ev.token_ids[i * bs : (i + 1) * bs]
             if len(tokens) < bs:
                 break
-            self._blocks[h] = _Block(parent, array("I", tokens), bs, ev.lora_name)
+            tier[h] = _Block(parent, array("I", tokens), bs, ev.lora_name)
             parent = h
         return True
 
@@ -81,7 +104,9 @@ class CacheShadow:
         Blocks whose parent is gone are unreachable by prefix and left out."""
         chunk: list[KvCacheEvent] = [AllBlocksCleared()]
         size = 0
-        for run in self._runs(max_tokens):
+        emitted: set[int] = set()  # a block of one tier may hang off a block of another
+        runs = (run for medium in self._tiers for run in self._runs(medium, emitted, max_tokens))
+        for run in runs:
             chunk.append(run)
             size += len(run.token_ids)
             if size >= max_tokens:
@@ -90,46 +115,59 @@ class CacheShadow:
         if chunk:
             yield chunk
 
-    def _runs(self, max_tokens: int) -> Iterator[BlockStored]:
-        """Runs of blocks not emitted yet whose parent is emitted (or the root). Walks start at
-        the newest blocks, usually leaves, so a whole chain tends to come out as one run."""
-        emitted: set[int] = set()
+    def _runs(self, medium: Medium, emitted: set[int], max_tokens: int) -> Iterator[BlockStored]:
+        """Runs of a tier's blocks not emitted yet whose parent is emitted (or the root). Walks
+        start at the newest blocks, usually leaves, so a whole chain tends to come out as one
+        run."""
+        blocks = self._tiers[medium]
+        done: set[int] = set()  # this tier's
         broken: set[int] = set()
-        for start in reversed(list(self._blocks)):
+        for start in reversed(list(blocks)):
             chain: list[int] = []
             on_chain: set[int] = set()
             h: int | None = start
-            while h is not None and h not in emitted and h not in broken and h not in on_chain:
-                block = self._blocks.get(h)
+            while h is not None and h not in done and h not in broken and h not in on_chain:
+                if h in emitted and h not in blocks:
+                    break  # the parent, emitted in another tier
+                block = blocks.get(h)
                 if block is None:  # an ancestor was evicted: the chain below is unreachable
                     break
                 chain.append(h)
                 on_chain.add(h)
                 h = block.parent
-            if h is not None and h not in emitted:  # stopped on a missing or broken ancestor
+            if h is not None and h not in done and h not in emitted:  # a missing or broken one
                 broken.update(chain)
                 continue
             chain.reverse()
+            done.update(chain)
             emitted.update(chain)
-            yield from self._split(chain, max_tokens)
+            yield from self._split(blocks, medium, chain, max_tokens)
 
-    def _split(self, chain: Sequence[int], max_tokens: int) -> Iterator[BlockStored]:
+    @staticmethod
+    def _split(
+        blocks: dict[int, _Block], medium: Medium, chain: Sequence[int], max_tokens: int
+    ) -> Iterator[BlockStored]:
         """One ``BlockStored`` per stretch of ``chain`` sharing block size and adapter, each of
         at most ``max_tokens`` tokens (at least one block)."""
         i = 0
         while i < len(chain):
-            first = self._blocks[chain[i]]
+            first = blocks[chain[i]]
             max_blocks = max(1, max_tokens // first.block_size)
             j = i + 1
             while j < len(chain) and j - i < max_blocks:
-                b = self._blocks[chain[j]]
+                b = blocks[chain[j]]
                 if b.block_size != first.block_size or b.lora_name != first.lora_name:
                     break
                 j += 1
             tokens: list[int] = []
             for h in chain[i:j]:
-                tokens.extend(self._blocks[h].tokens)
+                tokens.extend(blocks[h].tokens)
             yield BlockStored(
-                tuple(chain[i:j]), first.parent, tuple(tokens), first.block_size, first.lora_name
+                tuple(chain[i:j]),
+                first.parent,
+                tuple(tokens),
+                first.block_size,
+                first.lora_name,
+                medium,
             )
             i = j

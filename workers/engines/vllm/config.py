@@ -97,6 +97,13 @@ class VllmEngineConfig:
     kv_connector: str | None = None
     """KV transfer connector for disaggregation (e.g. "NixlConnector"); None = off."""
     kv_role: Literal["kv_both", "kv_producer", "kv_consumer"] = "kv_both"
+    kv_offloading_size: float | None = None
+    """GiB of host memory for a second KV tier (vLLM 0.11.2+): blocks evicted from the GPU are
+    kept there and loaded back; vLLM announces them as ``medium="CPU"`` events, which the index
+    keeps as this worker's host tier."""
+    kv_offloading_backend: str | None = None
+    """With ``--kv-offloading-size``: ``native`` (vLLM's CPU offloading, its default) or
+    ``lmcache``."""
     extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Any other ``AsyncEngineArgs`` field, applied last (``--vllm-arg key=value``)."""
 
@@ -151,6 +158,8 @@ def engine_args_kwargs(cfg: VllmEngineConfig, kv: KvEventsEndpoints | None) -> d
         "max_model_len": cfg.max_model_len,
         "max_num_batched_tokens": cfg.max_num_batched_tokens,
         "quantization": cfg.quantization,
+        "kv_offloading_size": cfg.kv_offloading_size,
+        "kv_offloading_backend": cfg.kv_offloading_backend if cfg.kv_offloading_size else None,
     }
     args |= {k: v for k, v in optional.items() if v is not None}
     if cfg.enable_lora:

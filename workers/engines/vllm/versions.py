@@ -20,6 +20,8 @@ release     change
 0.10.2      ``medium`` on ``BlockStored``/``BlockRemoved``
 0.11.0      ``SamplingParams.structured_outputs`` (``StructuredOutputsParams``) replaces
             ``guided_decoding`` (``GuidedDecodingParams``, same fields; removed in 0.12)
+0.11.2      ``EngineArgs.kv_offloading_size`` / ``kv_offloading_backend`` (a host-memory KV
+            tier; absent in 0.10.1, the release before it that was checked)
 0.12.0      ``reset_prefix_cache`` returns ``bool`` (False: blocks in use, nothing reset)
 0.14.0      ``lora_name`` on ``BlockStored``
 0.17.0      ``extra_keys`` (per-block LoRA name, multimodal ids, cache salt)
@@ -50,6 +52,7 @@ Version = tuple[int, int, int]
 FLOOR: Version = (0, 10, 0)  # pyproject.toml: vllm>=0.10
 SLEEP_RESETS_CACHE: Version = (0, 10, 1)
 STRUCTURED_OUTPUTS: Version = (0, 11, 0)
+KV_OFFLOADING: Version = (0, 11, 2)
 RESET_RETURNS_BOOL: Version = (0, 12, 0)
 EVENTS_AS_MAPS: Version = (0, 24, 0)
 REPLAY_WITH_TOPIC: Version = (0, 26, 0)
