@@ -58,15 +58,20 @@ def test_evicted_blocks_go_to_the_host_tier_and_come_back_at_pcie_cost() -> None
     host_before = sched.pool.num_host_cached
     assert host_before >= 4
 
-    again = add_and_run(sched, make_request("a2", a, max_tokens=1))
+    sched.add_request(make_request("a2", a, max_tokens=1))
+    loading = sched.step()  # admitted: its 4 blocks come back over 25 GB/s, 1 MB each
+    assert loading.simulated_ms == pytest.approx(4 * 0.04) and not loading.outputs
+    assert sched.stats().active_prefill_tokens == 1  # the loaded blocks are not prefill
+    again = add_and_run(sched)
     assert again.cached["a2"] == 4 * BS  # every full block of the prompt, none recomputed
     assert sched.stats().host_cached_tokens_total == 4 * BS
-    # the step: 4 blocks over 25 GB/s (1 MB each: 0.04 ms per block) + one token of prefill
-    (step,) = again.steps
-    usage = 5 / 8  # during the step: 4 loaded blocks and the one of the last token, of 8
-    assert step.simulated_ms == pytest.approx(4 * 0.04 + prefill_ms(1) + decode_ms(usage))
+    (step,) = again.steps  # then only the last token is computed
+    usage = 5 / 8  # the 4 loaded blocks and the one of the last token, of 8
+    assert step.simulated_ms == pytest.approx(prefill_ms(1) + decode_ms(usage))
     # loaded blocks are cached on the GPU again (announced), the host copies stay
-    assert any(isinstance(e, BlockStored) and e.medium == "GPU" for e in again.events)
+    assert any(
+        isinstance(e, BlockStored) and e.medium == "GPU" for e in sched.take_events() + again.events
+    )
     assert sched.pool.num_host_cached >= host_before
 
 
@@ -152,3 +157,37 @@ def test_a_block_whose_parent_is_in_no_tier_is_not_copied() -> None:
     events = pool.take_events()
     assert tiers(events) == {"GPU": set(), "CPU": set()}
     assert pool.num_host_cached == 0
+
+
+def test_a_load_runs_beside_the_batch_and_shares_its_link() -> None:
+    """Two prompts loading at once share the host-to-GPU link (each at half speed) while a
+    decoding sequence keeps its steps: nothing waits on a load but its own sequence."""
+    sched = make_scheduler(
+        num_gpu_blocks=32, num_cpu_blocks=32, kv_block_bytes=100_000_000, max_num_batched_tokens=64
+    )
+    heads = [prompt(4 * BS + 1, start=100 * (k + 1)) for k in range(2)]
+    for k, head in enumerate(heads):
+        add_and_run(sched, make_request(f"h{k}", head, max_tokens=1))
+    for k in range(6):  # push both heads out of the GPU
+        add_and_run(sched, make_request(f"f{k}", prompt(5 * BS, start=1000 * (k + 1)), 1))
+    assert sched.pool.match_host(sched_hashes(heads[0])) == 4
+    sched.add_request(make_request("busy", prompt(BS, start=9000), max_tokens=20))
+    sched.step()  # its prefill
+    for k, head in enumerate(heads):
+        sched.add_request(make_request(f"again{k}", head, max_tokens=1))
+    step = sched.step()  # both admitted and loading; the decode goes on
+    assert [o.request_id for o in step.outputs] == ["busy"]
+    loads = [s for s in sched.running if s.load_left > 0]
+    assert len(loads) == 2
+    # 400 MB each at 25 GB/s shared: half the link each for the decode step
+    assert step.simulated_ms < 32  # both still loading (32 ms each at half the link)
+    expected_left = 400_000_000 - 25e6 * step.simulated_ms / 2
+    assert all(s.load_left == pytest.approx(expected_left) for s in loads)
+    run = add_and_run(sched)
+    assert run.cached["again0"] == run.cached["again1"] == 4 * BS
+
+
+def sched_hashes(tokens: tuple[int, ...]) -> list[int]:
+    from schemas.hashing import block_hashes
+
+    return block_hashes(tokens, BS)

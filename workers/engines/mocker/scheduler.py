@@ -140,9 +140,8 @@ class Scheduler:
         self._cached_total = 0
         self._held: dict[str, list[int]] = {}  # request id -> blocks kept for a remote decode
         self._bytes_per_ms = config.kv_transfer_bandwidth * 1e6  # GB/s = 1e6 bytes per ms
-        self._load_ms_per_block = config.block_bytes / (config.kv_offload_bandwidth * 1e6)
+        self._load_bytes_per_ms = config.kv_offload_bandwidth * 1e6  # the host-to-GPU link
         self._host_total = 0  # prompt tokens loaded back from the host tier
-        self._step_load_ms = 0.0  # host-tier loads of the sequences admitted in this step
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: SeqRequest) -> None:
@@ -217,12 +216,29 @@ class Scheduler:
             self._schedule_waiting(budget, scheduled)
         result = self._execute(scheduled, preempted, outputs)
         transferring = [s for s in self.running if s.transfer_left > 0]
-        if not transferring:
+        loading = [s for s in self.running if s.load_left > 0]
+        if not transferring and not loading:
             return result
         ms = result.simulated_ms
-        if not scheduled:  # nothing computes: the step lasts until the next transfer lands
-            ms = min(s.transfer_left for s in transferring) * len(transferring)
-            ms /= self._bytes_per_ms
+        if not scheduled:  # nothing computes: the step lasts until the next copy lands
+            waits = []  # fair shares: the first to land does so after min left x count / link
+            if transferring:
+                first = min(s.transfer_left for s in transferring)
+                waits.append(first * len(transferring) / self._bytes_per_ms)
+            if loading:
+                first = min(s.load_left for s in loading)
+                waits.append(first * len(loading) / self._load_bytes_per_ms)
+            ms = min(waits)
+        if loading:
+            self._advance_loads(loading, ms)
+        if not transferring:
+            return StepResult(
+                ms,
+                result.outputs,
+                result.num_prefill_tokens,
+                result.num_decode_seqs,
+                result.preempted,
+            )
         done = self._advance_transfers(transferring, ms)
         return StepResult(
             ms,
@@ -255,6 +271,24 @@ class Scheduler:
             s.transfer_ms += left
         return done
 
+    def _advance_loads(self, active: list[Sequence], ms: float) -> None:
+        """Move ``ms`` of the host-to-GPU link into the loads in flight (fair share, as
+        ``_advance_transfers``); a landed load's blocks count as computed and are committed."""
+        left = ms
+        while active and left > 1e-12:
+            share = self._load_bytes_per_ms / len(active)
+            dt = min(min(s.load_left for s in active) / share, left)
+            for s in active:
+                s.load_left -= share * dt
+            left -= dt
+            for s in [s for s in active if s.load_left <= 1e-6]:
+                s.load_left = 0.0
+                s.num_computed += s.load_tokens
+                s.load_tokens = 0
+                if s.num_computed // self._bs > s.num_committed:
+                    self._commit(s)  # cached on the GPU again
+            active = [s for s in active if s.load_left > 1e-6]
+
     def _land(self, seq: Sequence) -> None:
         seq.transfer_left = 0.0
         seq.transferred = True
@@ -276,8 +310,8 @@ class Scheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             i += 1
-            if seq.transfer_left > 0:
-                continue  # waiting for its remote KV
+            if seq.transfer_left > 0 or seq.load_left > 0:
+                continue  # waiting for its remote KV, or for its blocks from the host tier
             n = self._chunk(len(seq.tokens) - seq.num_computed, budget)
             if n == 0:
                 continue
@@ -324,6 +358,8 @@ class Scheduler:
                 break
             waiting.popleft()
             running.append(seq)
+            if seq.load_left > 0:
+                continue  # computes once its blocks are back from the host tier
             scheduled.append((seq, n))
             budget -= n
 
@@ -377,14 +413,17 @@ class Scheduler:
         if pool.num_free - pool.count_unreferenced(cached) - need < reserve:
             return 0
         pool.take(cached)
-        if n_host:  # loaded back before the allocation can push them out of the host tier
+        if n_host:  # marked used before the allocation can push them out of the host tier
             pool.touch_host(hashes[len(cached) : len(cached) + n_host])
-            self._step_load_ms += n_host * self._load_ms_per_block
         blocks = pool.allocate(need)
         assert blocks is not None  # checked above
         seq.block_ids = [*cached, *blocks]
-        seq.num_computed = cached_tokens
-        seq.num_committed = len(cached)  # the step commits the loaded blocks to the GPU cache
+        seq.num_computed = len(cached) * bs
+        seq.num_committed = len(cached)
+        # the host blocks come back over the host-to-GPU link while others compute (vLLM's
+        # offloading loads asynchronously too); the sequence waits, as for remote KV
+        seq.load_tokens = n_host * bs
+        seq.load_left = float(n_host * self.config.block_bytes)
         seq.status = SeqStatus.RUNNING
         if seq.num_cached_tokens < 0:  # first admission, not a recompute after preemption
             seq.num_cached_tokens = cached_tokens
@@ -393,11 +432,6 @@ class Scheduler:
             self._cached_total += cached_tokens
             self._host_total += n_host * bs
         return n
-
-    def _take_load_ms(self) -> float:
-        """The host-tier loads of this step's admissions: they precede its forward pass."""
-        ms, self._step_load_ms = self._step_load_ms, 0.0
-        return ms
 
     def _execute(
         self,
@@ -426,7 +460,7 @@ class Scheduler:
         if finished:
             self.running = [s for s in self.running if s.status is SeqStatus.RUNNING]
         return StepResult(
-            simulated_ms=step_ms(prefill_chunks, sampled, usage) + self._take_load_ms(),
+            simulated_ms=step_ms(prefill_chunks, sampled, usage),
             outputs=outputs,
             num_prefill_tokens=sum(prefill_chunks),
             num_decode_seqs=len(scheduled) - len(prefill_chunks),
@@ -498,7 +532,7 @@ class Scheduler:
     # ------------------------------------------------------------------ stats
     def stats(self) -> SchedulerStats:
         prefill = sum(s.remaining for s in self.waiting)
-        prefill += sum(s.remaining for s in self.running if s.prefilling)
+        prefill += sum(s.remaining - s.load_tokens for s in self.running if s.prefilling)
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting) + len(self._rejected),

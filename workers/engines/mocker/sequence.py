@@ -56,6 +56,8 @@ class Sequence:
     transfer_left: float = 0.0  # bytes of remote KV still to arrive (> 0: waiting for it)
     transfer_ms: float = 0.0  # simulated time its transfer took
     transferred: bool = False  # the remote KV arrived (a preemption then recomputes locally)
+    load_left: float = 0.0  # bytes still to load back from the host tier (> 0: waiting)
+    load_tokens: int = 0  # prompt tokens that load brings (computed when it lands)
 
     @classmethod
     def new(cls, req: SeqRequest) -> Sequence:
@@ -105,3 +107,5 @@ class Sequence:
         self.num_computed = 0
         self.block_ids = []
         self.num_committed = 0
+        self.load_left = 0.0  # a load in flight is dropped with the blocks it was filling
+        self.load_tokens = 0
