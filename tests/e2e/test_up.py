@@ -446,3 +446,52 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
     assert code == 0, out.read_text()[-3000:]
+
+
+def test_up_with_host_tiers_loads_an_evicted_head_back(tmp_path: Path) -> None:
+    """``jetfleet up --num-cpu-blocks N``: a head pushed out of the GPU comes back from host
+    memory (counted as cached, and as cached_host in the metrics), and status shows the tier."""
+    port = free_port()
+    out = tmp_path / "up.out"
+    argv = _up_argv(
+        tmp_path, port, "--workers", "1", "--no-planner", "--speedup", "20",
+        "--num-gpu-blocks", "64", "--num-cpu-blocks", "512",
+    )  # fmt: skip
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        _wait_line(out, r"jetfleet is up", 90, proc)
+        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        head = "a system prompt that outlives the GPU cache, " * 16  # 720 bytes: 45 blocks
+
+        def cached(prompt: str) -> int:
+            r = client.completions.create(model="jetfleet-tiny", prompt=prompt, max_tokens=2)
+            assert r.usage is not None and r.usage.prompt_tokens_details is not None
+            return r.usage.prompt_tokens_details.cached_tokens or 0
+
+        cached(head + "first")
+        for i in range(3):  # 64 GPU blocks: these push the head out to the host tier
+            cached(f"another prompt {i} that takes its room " * 18)
+        assert cached(head + "again") >= 44 * 16
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as m:
+            text = m.read().decode()
+        host = re.search(r'frontend_tokens_total\{[^}]*kind="cached_host"[^}]*\} (\S+)', text)
+        assert host is not None and float(host.group(1)) >= 44 * 16, text[-2000:]
+
+        def worker() -> dict[str, Any]:
+            status = subprocess.run(
+                cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
+            )
+            return json.loads(status.stdout)["workers"][0]
+
+        _wait_until(lambda: (worker().get("host_kv_usage") or 0) > 0, 30, "host tier reported")
+        assert worker()["num_cpu_blocks"] == 512
+        status = subprocess.run(
+            cli_command("status", "--nats", nats_url), capture_output=True, text=True
+        )
+        assert "HOST%" in status.stdout, status.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+    assert code == 0, out.read_text()[-3000:]
