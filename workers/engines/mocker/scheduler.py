@@ -231,15 +231,7 @@ class Scheduler:
             ms = min(waits)
         if loading:
             self._advance_loads(loading, ms)
-        if not transferring:
-            return StepResult(
-                ms,
-                result.outputs,
-                result.num_prefill_tokens,
-                result.num_decode_seqs,
-                result.preempted,
-            )
-        done = self._advance_transfers(transferring, ms)
+        done = self._advance_transfers(transferring, ms) if transferring else []
         return StepResult(
             ms,
             result.outputs,
