@@ -77,7 +77,9 @@ def summarize_chunk(chunk: TokenChunk) -> str:
 def summarize_observation(obs: RequestObservation) -> str:
     text = (
         f"{obs.request_id} {obs.status} on {obs.worker_id or '-'}: isl {obs.isl_tokens}, "
-        f"osl {obs.osl_tokens}, cached {obs.cached_tokens}, ttft {obs.ttft_s * 1000:.1f} ms, "
+        f"osl {obs.osl_tokens}, cached {obs.cached_tokens}"
+        + (f" ({obs.host_cached_tokens} from host memory)" if obs.host_cached_tokens else "")
+        + f", ttft {obs.ttft_s * 1000:.1f} ms, "
         f"itl {obs.itl_s * 1000:.2f} ms, attempts {obs.attempts}"
     )
     if obs.route is not None:

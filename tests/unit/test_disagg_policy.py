@@ -63,3 +63,14 @@ def test_replay_request_says_where_the_prefill_ran() -> None:
     local = RequestObservation("r2", "m", "ok", 1.0, disagg="local", disagg_reason="short_uncached")
     assert "prefilled locally (short_uncached)" in summarize_observation(local)
     assert "prefill" not in summarize_observation(RequestObservation("r3", "m", "ok", 1.0))
+
+
+def test_replay_request_says_how_much_came_from_host_memory() -> None:
+    from infra.replay_request import summarize_observation
+    from schemas import RequestObservation
+
+    tiered = RequestObservation("r1", "m", "ok", 1.0, cached_tokens=2048, host_cached_tokens=1536)
+    assert "cached 2048 (1536 from host memory)" in summarize_observation(tiered)
+    gpu = RequestObservation("r2", "m", "ok", 1.0, cached_tokens=64)
+    assert "cached 64," in summarize_observation(gpu)
+    assert "host" not in summarize_observation(gpu)
