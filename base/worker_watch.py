@@ -25,12 +25,19 @@ log = structlog.get_logger("jetfleet.workers")
 
 
 def ready_counts(
-    regs: dict[str, WorkerRegistration], model: str, roles: tuple[str, ...], now_s: float
+    regs: dict[str, WorkerRegistration],
+    model: str,
+    roles: tuple[str, ...],
+    now_s: float,
+    unmanaged_only: bool = False,
 ) -> dict[str, int]:
-    """Ready workers with a fresh heartbeat per role of ``model`` (every role in ``roles``)."""
+    """Ready workers with a fresh heartbeat per role of ``model`` (every role in ``roles``);
+    ``unmanaged_only``: only those no connector started (``managed_by`` empty)."""
     counts = dict.fromkeys(roles, 0)
     for reg in regs.values():
         fresh = now_s - reg.heartbeat_at_s <= reg.ttl_s
+        if unmanaged_only and reg.managed_by:
+            continue
         if reg.model == model and reg.status == "ready" and fresh and reg.role in counts:
             counts[reg.role] += 1
     return counts
@@ -73,8 +80,10 @@ class WorkerWatch:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()  # type: ignore[no-untyped-call]
 
-    def counts(self, model: str, roles: tuple[str, ...]) -> dict[str, int]:
-        return ready_counts(self.regs, model, roles, time.time())
+    def counts(
+        self, model: str, roles: tuple[str, ...], unmanaged_only: bool = False
+    ) -> dict[str, int]:
+        return ready_counts(self.regs, model, roles, time.time(), unmanaged_only)
 
     def _gone(self, worker_id: str, why: str) -> None:
         if self.live.pop(worker_id, None) is not None and self._on_gone is not None:

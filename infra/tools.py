@@ -157,6 +157,7 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
             "metrics_url": reg.metrics_url or None,
             "host": reg.host,
             "pid": reg.pid,
+            "managed_by": reg.managed_by or None,  # None: started by hand
         }
         try:
             raw = await js.get_last_msg(
@@ -227,7 +228,7 @@ async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
         )
     print(
         f"{'WORKER':<14} {'MODEL':<16} {'ROLE':<7} {'STATUS':<9} {'RUN':>4} {'WAIT':>5} "
-        f"{'KV%':>6} {'HOST%':>6} {'HB AGE':>7}  METRICS"
+        f"{'KV%':>6} {'HOST%':>6} {'HB AGE':>7} {'BY':<10} METRICS"
     )
     for w in report["workers"]:
         kv = "-" if w["kv_usage"] is None else f"{100 * w['kv_usage']:.1f}"
@@ -236,6 +237,7 @@ async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
             f"{w['worker_id']:<14} {w['model']:<16} {w['role']:<7} {w['status']:<9} "
             f"{w['num_running'] if w['num_running'] is not None else '-':>4} "
             f"{w['num_waiting'] if w['num_waiting'] is not None else '-':>5} {kv:>6} {host:>6} "
-            f"{w['heartbeat_age_s']:>6.1f}s  {w['metrics_url'] or '-'}"
+            f"{w['heartbeat_age_s']:>6.1f}s {w['managed_by'] or 'hand':<10} "
+            f"{w['metrics_url'] or '-'}"
         )
     return 0

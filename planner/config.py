@@ -114,6 +114,9 @@ class IntervalObservation:
     """Mean prompt tokens served from the prefix cache per request."""
     replicas: Mapping[str, int] = field(default_factory=dict)
     """Current replicas per role; the planner plans exactly these roles."""
+    unmanaged: Mapping[str, int] = field(default_factory=dict)
+    """Of ``replicas``, the workers no connector started (by hand): counted as capacity, never
+    relied on, so the workers the connector owns stay at the role's minimum on their own."""
     total_waiting: Mapping[str, int] = field(default_factory=dict)
     """Waiting requests summed over each role's workers at the end of the interval."""
     total_running: Mapping[str, int] = field(default_factory=dict)

@@ -26,7 +26,10 @@ Each call to ``plan(cfg, state, obs)``:
    planner's first interval) and the role did not scale up in the previous interval.
 5. **Bound.** Clamp to the role's [min, max] (bounds override cooldowns), then cut to the GPU
    budget ``max_total_replicas``: take replicas away from the largest increase first, then from
-   the largest role, never below a role's minimum.
+   the largest role, never below a role's minimum. Workers started by hand
+   (``obs.unmanaged``) count as capacity but not towards the minimum: they may leave at any
+   time, so a role's floor is its minimum plus them, and the workers a connector owns never go
+   below the minimum because someone else started one.
 
 ``plan`` returns one ``Decision`` per role in ``obs.replicas`` (sorted by role), holds included
 (``desired == current``) so replay can say why nothing happened; publish those with ``changed``.
@@ -92,6 +95,8 @@ class Decision:
     predicted_osl: float
     decision_id: int
     ts_s: float
+    unmanaged: int = 0
+    """Of ``current``, the workers no connector started."""
 
     @property
     def changed(self) -> bool:
@@ -110,6 +115,7 @@ class Decision:
             predicted_isl=self.predicted_isl,
             predicted_osl=self.predicted_osl,
             dry_run=dry_run,
+            unmanaged_replicas=self.unmanaged,
         )
 
 
@@ -203,22 +209,32 @@ def _damp(
     return current, ()
 
 
+def floor_for(cfg: PlannerConfig, role: str, obs: IntervalObservation) -> int:
+    """The fewest replicas ``role`` may have: its minimum, plus the workers started by hand."""
+    return cfg.min_for(role) + obs.unmanaged.get(role, 0)
+
+
 def _bound(
-    cfg: PlannerConfig, role: str, current: int, desired: int
+    cfg: PlannerConfig, role: str, obs: IntervalObservation, desired: int
 ) -> tuple[int, tuple[str, ...]]:
-    low, high = cfg.min_for(role), cfg.max_for(role)
+    current, hand = obs.replicas[role], obs.unmanaged.get(role, 0)
+    low = floor_for(cfg, role, obs)
+    high = max(cfg.max_for(role), low)
     if desired < low:
-        return low, (f"raised to min {low}" if current < low else f"hold: at min {low}",)
+        what = f"min {cfg.min_for(role)}" + (f" + {hand} started by hand" if hand else "")
+        return low, (f"raised to {what}" if current < low else f"hold: at {what}",)
     if desired > high:
         return high, (f"capped at max {high}",)
     return desired, ()
 
 
-def _budget(cfg: PlannerConfig, current: dict[str, int], desired: dict[str, int]) -> dict[str, int]:
+def _budget(
+    cfg: PlannerConfig, obs: IntervalObservation, current: dict[str, int], desired: dict[str, int]
+) -> dict[str, int]:
     """Cut ``desired`` to ``max_total_replicas``: largest increase first, then largest role."""
     desired = dict(desired)
     while sum(desired.values()) > cfg.max_total_replicas:
-        candidates = [r for r in sorted(desired) if desired[r] > cfg.min_for(r)]
+        candidates = [r for r in sorted(desired) if desired[r] > floor_for(cfg, r, obs)]
         if not candidates:
             break
         role = max(candidates, key=lambda r: (desired[r] - current[r], desired[r]))
@@ -248,10 +264,10 @@ def plan(
         else:
             target, why = load_target(cfg, obs, role, now)
         damped, why_damped = _damp(cfg, state, role, now, target, obs.ts_s)
-        bounded, why_bound = _bound(cfg, role, now, damped)
+        bounded, why_bound = _bound(cfg, role, obs, damped)
         desired[role] = bounded
         reasons[role] = why + why_damped + why_bound
-    capped = _budget(cfg, current, desired)
+    capped = _budget(cfg, obs, current, desired)
     interval = state.interval_index + 1
     up_ts, change_ts, up_iv = (
         state.last_scale_up_ts,
@@ -282,6 +298,7 @@ def plan(
                 predicted_osl=prediction.osl,
                 decision_id=counter,
                 ts_s=obs.ts_s,
+                unmanaged=obs.unmanaged.get(role, 0),
             )
         )
     new_state = replace(

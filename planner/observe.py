@@ -11,7 +11,8 @@ and call ``summarize``. How each field is made:
 - ``itl_s``: mean ITL of the ok requests that report one (> 0);
 - per role, from the newest report of each worker: ``total_waiting`` sums ``num_waiting``,
   ``mean_kv_usage`` averages ``kv_usage``; ``replicas`` counts the workers unless the caller
-  passes the counts it knows from discovery (preferred: a silent worker still costs a GPU).
+  passes the counts it knows from discovery (preferred: a silent worker still costs a GPU);
+  ``unmanaged``: how many of them were started by hand (discovery's ``managed_by`` empty).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def summarize(
     observations: Iterable[RequestObservation],
     loads: Iterable[WorkerLoad],
     replicas: Mapping[str, int] | None = None,
+    unmanaged: Mapping[str, int] | None = None,
 ) -> IntervalObservation:
     """The interval ending at ``ts_s``, from its request observations and worker reports."""
     finished = list(observations)
@@ -66,6 +68,7 @@ def summarize(
         itl_s=_mean([o.itl_s for o in ok if o.itl_s > 0.0]),
         mean_cached_tokens=_mean([float(o.cached_tokens) for o in ok]),
         replicas=counts,
+        unmanaged={r: n for r, n in (unmanaged or {}).items() if n},
         total_waiting={r: sum(w.num_waiting for w in ws) for r, ws in by_role.items()},
         total_running={r: sum(w.num_running for w in ws) for r, ws in by_role.items()},
         mean_kv_usage={r: _mean([w.kv_usage for w in ws]) for r, ws in by_role.items()},

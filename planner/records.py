@@ -91,10 +91,26 @@ class IntervalCollector:
 
 
 def observation_for(
-    inp: IntervalInput, ts_s: float, replicas: Mapping[str, int]
+    inp: IntervalInput,
+    ts_s: float,
+    replicas: Mapping[str, int],
+    unmanaged: Mapping[str, int] | None = None,
 ) -> IntervalObservation:
-    """The core's input for one collected interval, with the replica counts of discovery."""
-    return summarize(ts_s, inp.observations, inp.loads, replicas)
+    """The core's input for one collected interval, with the replica counts of discovery (and
+    how many of them were started by hand)."""
+    return summarize(ts_s, inp.observations, inp.loads, replicas, unmanaged)
+
+
+def recorded_counts(
+    group: Iterable[ScalingDecided],
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The replica counts (all, started by hand) one interval's recorded decisions were made
+    from."""
+    group = list(group)
+    return (
+        {d.role: d.current_replicas for d in group},
+        {d.role: d.unmanaged_replicas for d in group},
+    )
 
 
 def decision_records(

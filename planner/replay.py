@@ -35,6 +35,7 @@ from planner.records import (
     decode_config,
     decode_state,
     observation_for,
+    recorded_counts,
 )
 from schemas import ScalingDecided, Subjects, WireDecodeError, decode
 
@@ -145,7 +146,7 @@ def replay_intervals(
             pos += 1
         inp = collector.close()
         inp.last_seq = head.metrics_last_seq
-        obs = observation_for(inp, head.ts_s, {d.role: d.current_replicas for d in group})
+        obs = observation_for(inp, head.ts_s, *recorded_counts(group))
         state, decisions = plan(cfg, state, obs)
         by_role = {d.role: d for d in decisions}
         for rec in group:

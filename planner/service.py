@@ -50,6 +50,7 @@ from planner.records import (
     decision_records,
     decode_state,
     observation_for,
+    recorded_counts,
 )
 from schemas import ScalingDecided, Subjects, WireDecodeError, decode, encode
 from schemas.streams import planner_consumer
@@ -150,7 +151,7 @@ async def recover(
     for seq, subject, data in messages:
         collector.add(seq, subject, data)
     inp = collector.close()
-    obs = observation_for(inp, newest.ts_s, {d.role: d.current_replicas for d in group})
+    obs = observation_for(inp, newest.ts_s, *recorded_counts(group))
     state, _ = plan(cfg.planner, decode_state(newest.planner_state), obs)
     log.info(
         "planner_recovered",
@@ -185,7 +186,13 @@ class PlannerService:
 
     async def close_interval(self, ts_s: float) -> list[ScalingDecided]:
         inp = self.collector.close()
-        obs = observation_for(inp, ts_s, self.watch.counts(self.cfg.model, self.cfg.roles))
+        model, roles = self.cfg.model, self.cfg.roles
+        obs = observation_for(
+            inp,
+            ts_s,
+            self.watch.counts(model, roles),
+            self.watch.counts(model, roles, unmanaged_only=True),
+        )
         pre = self.state
         self.state, decisions = plan(self.cfg.planner, pre, obs)
         records = decision_records(

@@ -36,6 +36,9 @@ class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
     host: str = ""
     pid: int = 0
     metrics_url: str = ""  # the worker's operations port (/metrics, /health, /ready), if served
+    # Who started the worker and may stop it: a planner connector kind ("local", "kubernetes");
+    # "" for a worker started by hand, which the planner counts but never relies on.
+    managed_by: str = ""
     v: int = 1
 
 

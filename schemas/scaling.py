@@ -22,6 +22,7 @@ class ScalingDecided(msgspec.Struct, frozen=True, omit_defaults=True):
     predicted_osl: float = 0.0
     dry_run: bool = False
     mode: str = ""  # planner mode: "throughput" | "load"
+    unmanaged_replicas: int = 0  # of current_replicas: workers no connector started (by hand)
     # What the decision was made from, so replay reproduces it exactly: the FLEET_METRICS
     # messages of the model with after_seq < stream seq <= last_seq, the planner state
     # (msgpack of planner.core.PlannerState) before the interval and the settings. Every role

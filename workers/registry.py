@@ -67,6 +67,7 @@ class Registry:
             host=socket.gethostname(),
             pid=c.pid,
             metrics_url=self.metrics_url,
+            managed_by=c.managed_by,
         )
 
     async def register(self) -> None:

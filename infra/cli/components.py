@@ -75,6 +75,11 @@ WORKER = ConfigFlags(
     Flag("worker_id", help="unique id in the fleet (default: a new random one)"),
     "metrics_port",
     "metrics_host",
+    Flag(
+        "managed_by",
+        help="the planner connector that started this worker (local, kubernetes); by hand: "
+        "leave empty, and the planner keeps its minimum without it",
+    ),
     Flag("flush_interval_s", "--flush-interval-ms", scale=1000.0),
     Flag("max_flush_interval_s", "--max-flush-interval-ms", scale=1000.0),
     "heartbeat_interval_s",

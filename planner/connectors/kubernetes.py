@@ -4,8 +4,9 @@
         --deployment prefill=jetfleet-prefill --deployment decode=jetfleet-decode
 
 Each role of the model maps to one Deployment of one namespace (``--deployment ROLE=NAME``). A
-decision is applied by setting ``spec.replicas`` of that Deployment to ``desired_replicas``: an
-absolute value, never a delta. Kubernetes is level-triggered, so a decision applied twice, or
+decision is applied by setting ``spec.replicas`` of that Deployment to ``desired_replicas`` less
+the workers started by hand (``unmanaged_replicas``: not the Deployment's pods): an absolute
+value, never a delta. Kubernetes is level-triggered, so a decision applied twice, or
 after someone else changed the count, still converges to what the planner asked for. The write
 goes to the Deployment's **scale subresource**, as ``kubectl scale`` sends it::
 
@@ -231,7 +232,8 @@ class KubernetesScaler:
                 f"no Deployment for role {decision.role!r} (mapped: {mapped or 'none'});"
                 f" add --deployment {decision.role}=NAME",
             )
-        body = {"spec": {"replicas": decision.desired_replicas}}
+        owned = max(decision.desired_replicas - decision.unmanaged_replicas, 0)
+        body = {"spec": {"replicas": owned}}
         # _content_type is accepted at run time; the library's stub does not list it
         got = await self._call(
             f"patch {self._where(deployment)}/scale",

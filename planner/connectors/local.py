@@ -78,6 +78,8 @@ class LocalScaler:
             role,
             "--worker-id",
             worker_id,
+            "--managed-by",
+            self.name,
             *self.cfg.worker_args,
         )
 

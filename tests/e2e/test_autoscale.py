@@ -158,3 +158,40 @@ async def test_load_mode_reacts_to_measured_queueing(nats_server, tmp_path) -> N
         assert not [s for s in scaling.statuses if s.state == "failed"]
     finally:
         fleet.stop()
+
+
+async def test_a_worker_started_by_hand_never_leaves_the_fleet_below_its_minimum(
+    nats_server, tmp_path
+) -> None:
+    """The connector owns one worker (the minimum); someone starts a second by hand. Idle, the
+    planner would scale two down to one: it must keep the owned one (the hand-started worker
+    counts as capacity, not towards the minimum), so when the hand-started one goes, the model
+    is still served at once."""
+    fleet = connector_fleet(nats_server, tmp_path, "--speedup", "10")
+    try:
+        fleet.start_frontend("--router", "round-robin")
+        fleet.group.start(
+            "planner",
+            cli_command(
+                "planner", *fleet.common(), "--model", M, "--interval", "1",
+                "--predictor", "constant", "--scale-down-cooldown", "0",
+                "--min-replicas", "agg=1",
+            ),
+        )  # fmt: skip
+        async with Scaling(fleet) as scaling, httpx.AsyncClient(timeout=30) as client:
+            by_hand = fleet.add_worker("--speedup", "10")
+
+            def with_both() -> list[ScalingDecided]:
+                return [d for d in scaling.decisions if d.current_replicas == 2]
+
+            seen = await wait_for(lambda: len(with_both()) >= 4 and with_both(), timeout=30)
+            for d in seen:
+                assert (d.desired_replicas, d.unmanaged_replicas) == (2, 1), d.reasons
+            assert seen[-1].reasons[-1] == "hold: at min 1 + 1 started by hand"
+            assert not [s for s in scaling.statuses if s.state in ("applying", "applied")]
+            fleet.terminate(by_hand)
+            for i in range(5):  # the owned worker never left: served with no wait
+                r = await one(client, fleet, i)
+                assert r["usage"]["completion_tokens"] == MAX_TOKENS
+    finally:
+        fleet.stop()

@@ -330,8 +330,10 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
         status = subprocess.run(
             cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
         )
-        worker_pids = [int(w["pid"]) for w in json.loads(status.stdout)["workers"]]
+        workers = json.loads(status.stdout)["workers"]
+        worker_pids = [int(w["pid"]) for w in workers]
         assert worker_pids and all(worker_pids) and _pids_alive(worker_pids) == worker_pids
+        assert {w["managed_by"] for w in workers} == {"local"}  # the planner may stop them
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)

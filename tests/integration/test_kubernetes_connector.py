@@ -329,3 +329,14 @@ async def test_cli_process_applies_a_decision_and_stops_on_sigterm(
             proc.kill()
             await proc.wait()
     assert code == 0, log_path.read_text()
+
+
+async def test_a_worker_started_by_hand_is_not_counted_into_the_deployment(
+    nc: Any, nats_url: str, subjects: Subjects, fake_api: FakeKubernetes, statuses: Any
+) -> None:
+    """The planner's counts include a worker started by hand; the Deployment's pods do not."""
+    js = nc.jetstream()
+    async with Connector(nats_url, subjects, k8s_config(fake_api)):
+        await publish(js, subjects, decision(1, current=2, desired=4, unmanaged_replicas=1))
+        assert (await until_finished(statuses, 1)).replicas == 3
+    assert [w.json() for w in fake_api.scale_writes()] == [{"spec": {"replicas": 3}}]

@@ -359,11 +359,49 @@ def test_the_gpu_budget_cuts_the_largest_increase_first_down_to_the_minimums():
     from planner.core import _budget
 
     cfg = replace(BASE, max_total_replicas=6, default_min_replicas=1)
-    assert _budget(cfg, {"a": 2, "b": 2}, {"a": 5, "b": 3}) == {"a": 3, "b": 3}
-    assert _budget(cfg, {"a": 1, "b": 1}, {"a": 3, "b": 3}) == {"a": 3, "b": 3}  # fits exactly
-    assert _budget(cfg, {"a": 4, "b": 4}, {"a": 4, "b": 4}) == {"a": 3, "b": 3}  # largest role
+    o = IntervalObservation(ts_s=1.0, num_requests=0)
+    assert _budget(cfg, o, {"a": 2, "b": 2}, {"a": 5, "b": 3}) == {"a": 3, "b": 3}
+    assert _budget(cfg, o, {"a": 1, "b": 1}, {"a": 3, "b": 3}) == {"a": 3, "b": 3}  # fits
+    assert _budget(cfg, o, {"a": 4, "b": 4}, {"a": 4, "b": 4}) == {"a": 3, "b": 3}  # largest
     tight = replace(cfg, max_total_replicas=1)
-    assert _budget(tight, {"a": 1, "b": 1}, {"a": 2, "b": 2}) == {"a": 1, "b": 1}  # minimums
+    assert _budget(tight, o, {"a": 1, "b": 1}, {"a": 2, "b": 2}) == {"a": 1, "b": 1}  # minimums
+    by_hand = replace(o, unmanaged={"a": 2})  # a's floor is 1 + 2 started by hand
+    assert _budget(tight, by_hand, {"a": 3, "b": 1}, {"a": 4, "b": 2}) == {"a": 3, "b": 1}
+
+
+# ---------------------------------------------------------- workers started by hand
+def test_a_worker_started_by_hand_never_takes_the_owned_workers_below_the_minimum():
+    """Idle, min 1: one owned worker plus one started by hand. The hand-started one counts
+    as capacity but may leave at any time, so the planner holds both rather than have its
+    connector stop the only worker it owns."""
+    cfg = replace(BASE, scale_down_cooldown_s=0.0)
+    state = PlannerState()
+    o = replace(obs(0, 0.0, {"agg": 2}), unmanaged={"agg": 1})
+    for i in range(5):
+        state, [d] = plan(cfg, state, replace(o, ts_s=(i + 1) * INTERVAL_S))
+        assert (d.current, d.desired, d.unmanaged) == (2, 2, 1)
+    assert d.reasons[-1] == "hold: at min 1 + 1 started by hand"
+    assert d.to_wire("m").unmanaged_replicas == 1
+    # without the hand-started worker in the count, the same fleet scales down to one
+    _, [d] = plan(cfg, state, replace(o, unmanaged={}, ts_s=99 * INTERVAL_S))
+    assert d.desired == 1
+
+
+def test_owned_workers_above_the_minimum_still_give_way_to_one_started_by_hand():
+    """Five owned + one by hand, idle: down one step at a time to min 1 + the one by hand."""
+    cfg = replace(BASE, scale_down_cooldown_s=0.0)
+    state, n = PlannerState(), 6
+    for i in range(8):
+        o = replace(obs(i, 0.0, {"agg": n}), unmanaged={"agg": 1})
+        state, [d] = plan(cfg, state, o)
+        n = d.desired
+    assert n == 2
+
+
+def test_the_floor_with_hand_started_workers_overrides_the_max():
+    cfg = replace(BASE, max_replicas={"agg": 2})
+    _, [d] = plan(cfg, PlannerState(), replace(obs(0, 0.0, {"agg": 3}), unmanaged={"agg": 2}))
+    assert d.desired == 3  # min 1 owned + 2 by hand, although max is 2
 
 
 # ------------------------------------------- load mode's thresholds, exactly at their edges
@@ -407,14 +445,18 @@ def test_bounds_name_what_they_did() -> None:
     from planner.core import _bound
 
     cfg = replace(BASE, default_min_replicas=2, default_max_replicas=4)
-    # _bound(cfg, role, current, desired)
-    assert _bound(cfg, "agg", 1, 1) == (2, ("raised to min 2",))
-    assert _bound(cfg, "agg", 2, 1) == (2, ("hold: at min 2",))
-    assert _bound(cfg, "agg", 3, 2) == (2, ())  # at the minimum: nothing to say
-    assert _bound(cfg, "agg", 3, 4) == (4, ())  # at the maximum too
-    assert _bound(cfg, "agg", 3, 5) == (4, ("capped at max 4",))
+
+    def at(current: int) -> IntervalObservation:
+        return IntervalObservation(ts_s=1.0, num_requests=0, replicas={"agg": current})
+
+    # _bound(cfg, role, observation with current, desired)
+    assert _bound(cfg, "agg", at(1), 1) == (2, ("raised to min 2",))
+    assert _bound(cfg, "agg", at(2), 1) == (2, ("hold: at min 2",))
+    assert _bound(cfg, "agg", at(3), 2) == (2, ())  # at the minimum: nothing to say
+    assert _bound(cfg, "agg", at(3), 4) == (4, ())  # at the maximum too
+    assert _bound(cfg, "agg", at(3), 5) == (4, ("capped at max 4",))
     per_role = replace(cfg, max_replicas={"agg": 6})
-    assert _bound(per_role, "agg", 3, 6) == (6, ())
+    assert _bound(per_role, "agg", at(3), 6) == (6, ())
 
 
 def test_in_system_and_arrivals_edges() -> None:
@@ -452,9 +494,10 @@ def test_the_budget_cuts_the_largest_increase_not_the_largest_sum():
 
     cfg = replace(BASE, max_total_replicas=7, default_min_replicas=1)
     # a grows 0 -> 4 (+4), b holds at 5 (+0): a is cut first although b is larger
-    assert _budget(cfg, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 2, "b": 5}
+    o = IntervalObservation(ts_s=1.0, num_requests=0)
+    assert _budget(cfg, o, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 2, "b": 5}
     per_role_min = replace(cfg, min_replicas={"a": 3})
-    assert _budget(per_role_min, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 3, "b": 4}
+    assert _budget(per_role_min, o, {"a": 0, "b": 5}, {"a": 4, "b": 5}) == {"a": 3, "b": 4}
 
 
 def test_predictors_carry_their_history_across_intervals():
