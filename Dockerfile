@@ -11,7 +11,7 @@ COPY router router
 COPY workers workers
 COPY planner planner
 COPY infra infra
-RUN pip install --no-cache-dir --prefix=/install '.[kubernetes]'
+RUN pip install --no-cache-dir --prefix=/install '.[kubernetes,otel]'
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

@@ -55,6 +55,8 @@ def _servers(args: argparse.Namespace) -> tuple[EmbeddedNats, EmbeddedRedis]:
 
 def run_servers(args: argparse.Namespace) -> int:
     _install_stop_handlers()
+    if args.otlp_endpoint:  # every process up starts reads it (base.tracing)
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
     nats, redis = _servers(args)
     print(f"NATS  {nats.url}\nRedis {redis.url}\n(Ctrl-C stops them)", flush=True)
     try:
@@ -120,6 +122,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     from infra.tools import infra_init
 
     _install_stop_handlers()
+    if args.otlp_endpoint:  # every process up starts reads it (base.tracing)
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
     nats, redis = _servers(args)
     group = ProcessGroup(Path(args.state_dir).resolve() / "logs")
     common = [

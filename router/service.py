@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from base.deadletter import dead_letter
 from base.ops_http import start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
+from base.tracing import Span, Tracing
 from router.client import ClientConfig, Generation, NoWorkersError, OverloadedError
 from router.disagg import DisaggConfig
 from router.disagg_client import DisaggClient, DisaggGeneration
@@ -39,6 +41,7 @@ from schemas import (
     encode,
 )
 from schemas.streams import router_consumer
+from schemas.trace import HEADER as TRACE_HEADER
 from schemas.validate import is_subject_token, request_problem
 
 log = structlog.get_logger("jetfleet.router_service")
@@ -66,8 +69,10 @@ class RouterService:
         client: DisaggClient,
         vocab_size: Callable[[str], int | None] = lambda _model: None,
         registry: CollectorRegistry | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tracing = tracing or Tracing("jetfleet-router", "router-service", env={})
         self.submissions = Counter(
             "jetfleet_router_submissions",
             "Submissions by outcome: routed, invalid, undecodable, no_workers, routing_failed",
@@ -98,9 +103,21 @@ class RouterService:
             if is_subject_token(req.request_id):
                 await self._fail(req, f"invalid request: {problem}")
             return
+        # a NATS client's W3C trace context continues through the routed request to the worker
+        parent = (msg.headers or {}).get(TRACE_HEADER)
+        if self.tracing.exporting:
+            span = self.tracing.start(
+                f"route {req.model}",
+                parent,
+                "consumer",
+                {"jetfleet.request_id": req.request_id, "gen_ai.request.model": req.model},
+            )
+        else:
+            span = Span(None, "", parent or "")
         try:
-            gen = await self.client.generate(req)
+            gen = await self.client.generate(req, span.traceparent or None)
         except (NoWorkersError, OverloadedError) as exc:
+            span.end({"jetfleet.outcome": "no_workers"}, error=str(exc))
             self.submissions.labels("no_workers").inc()
             await self._fail(req, str(exc))
             await msg.ack()
@@ -109,11 +126,12 @@ class RouterService:
             self.submissions.labels("routing_failed").inc()
             log.error("routing_failed", request_id=req.request_id, error=repr(exc))
             await self._fail(req, f"routing failed: {exc}")
+            span.end({"jetfleet.outcome": "routing_failed"}, error=str(exc))
             await msg.ack()
             return
         self.submissions.labels("routed").inc()
         await msg.ack()
-        task = asyncio.create_task(self._follow(gen))
+        task = asyncio.create_task(self._follow(gen, span))
         self.followers.add(task)
         task.add_done_callback(self.followers.discard)
 
@@ -121,7 +139,7 @@ class RouterService:
         chunk = TokenChunk(req.request_id, req.attempt, 0, finish_reason="error", error=error)
         await self.nc.publish(self.cfg.subjects.tok(req.request_id), encode(chunk))
 
-    async def _follow(self, gen: Generation | DisaggGeneration) -> None:
+    async def _follow(self, gen: Generation | DisaggGeneration, span: Span) -> None:
         started = time.monotonic()
         first = 0.0
         reason: str | None = None
@@ -146,6 +164,14 @@ class RouterService:
             finish_reason=reason,
             error=error,
         )
+        span.end(
+            {
+                "jetfleet.worker_id": obs.worker_id,
+                "gen_ai.usage.output_tokens": obs.osl_tokens,
+                "gen_ai.response.finish_reasons": reason,
+            },
+            error=error if reason == "error" else None,
+        )
         await self.nc.publish(self.cfg.subjects.obs(gen.request.model), encode(obs))
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -167,6 +193,7 @@ class RouterService:
 
 
 async def run_router_service(cfg: RouterServiceConfig) -> None:
+    tracing = Tracing("jetfleet-router", f"router-{os.getpid()}")  # OTLP export if configured
     stack = await RoutingStack.open(
         StackConfig(
             cfg.nats_url,
@@ -185,7 +212,7 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
         return None if served is None else served.tokenizer.vocab_size
 
     registry = CollectorRegistry()
-    service = RouterService(cfg, stack.nc, stack.client, vocab_size, registry)
+    service = RouterService(cfg, stack.nc, stack.client, vocab_size, registry, tracing)
     if cfg.metrics_port:
         nc = stack.nc
         start_ops_server(
@@ -202,3 +229,4 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
             await asyncio.wait_for(asyncio.gather(*service.followers), 30)
     finally:
         await stack.close()
+        tracing.shutdown()

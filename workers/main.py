@@ -12,6 +12,7 @@ from base.connect import close_nats, connect_nats
 from base.ops_http import start_ops_server
 from base.signals import on_stop_signal
 from base.topology import ensure_consumer, ensure_topology
+from base.tracing import Tracing
 from model.card import LocalModel, load_model_dir
 from model.tokenizer import ModelTokenizer
 from schemas.streams import pool_consumer
@@ -63,6 +64,7 @@ async def run_worker(
     tokenizer = ModelTokenizer(
         local.tokenizer_json, local.chat_template, local.bos_token, local.eos_token
     )
+    tracing = Tracing("jetfleet-worker", cfg.worker_id)  # OTLP export if configured
     engine = build_engine(choice, tokenizer, local, cfg.worker_id)
     nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}")
     js = nc.jetstream()
@@ -88,7 +90,13 @@ async def run_worker(
         host = cfg.metrics_host if cfg.metrics_host not in ("0.0.0.0", "::") else gethostname()
         registry.metrics_url = f"http://{host}:{ops.server_port}"
     runtime = WorkerRuntime(
-        cfg, engine, nc, registry, tokenizer, WorkerMetrics(prom, cfg.model_name, cfg.worker_id)
+        cfg,
+        engine,
+        nc,
+        registry,
+        tokenizer,
+        WorkerMetrics(prom, cfg.model_name, cfg.worker_id),
+        tracing,
     )
     await runtime.start()
     await registry.register()
@@ -107,4 +115,5 @@ async def run_worker(
         log.info("worker_drained", worker_id=cfg.worker_id)
         await registry.deregister()
         await close_nats(nc)
+        tracing.shutdown()
         log.info("worker_stopped", worker_id=cfg.worker_id)

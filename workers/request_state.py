@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 
+from base.tracing import Span
 from schemas import Request, TokenChunk, TokenLogprob, Usage
 from workers.engine import EngineOutput
 
@@ -37,6 +38,7 @@ class ActiveRequest:
         "num_generated",
         "prompt_tokens",
         "request",
+        "span",
         "started_at",
         "worker_id",
     )
@@ -74,6 +76,7 @@ class ActiveRequest:
         self.kv_transfer_ms = 0.0
         self.started_at = started_at
         self.final_sent = False
+        self.span: Span | None = None  # exported with OpenTelemetry when configured
 
     # OutputSink
     def on_output(self, output: EngineOutput) -> None:

@@ -31,6 +31,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 
 from base.deadletter import dead_letter
+from base.tracing import Tracing
 from model.detokenize import IncrementalDetokenizer
 from schemas import (
     CancelRequested,
@@ -70,8 +71,10 @@ class WorkerRuntime:
         registry: Registry,
         tokenizer: Any,
         metrics: WorkerMetrics,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tracing = tracing or Tracing("jetfleet-worker", cfg.worker_id, env={})
         self.engine = engine
         self.nc = nc
         self.js = nc.jetstream()
@@ -223,7 +226,22 @@ class WorkerRuntime:
         if len(self.active) >= self.engine.max_num_seqs:
             self._capacity.clear()
         self.metrics.requests_started.inc()
-        parsed = parse_traceparent((msg.headers or {}).get(TRACE_HEADER))
+        traceparent = (msg.headers or {}).get(TRACE_HEADER)
+        parsed = parse_traceparent(traceparent)
+        if self.tracing.exporting:
+            ar.span = self.tracing.start(
+                f"generate {req.model}",
+                traceparent,
+                "consumer",
+                {
+                    "jetfleet.request_id": req.request_id,
+                    "jetfleet.worker_id": self.cfg.worker_id,
+                    "jetfleet.attempt": req.attempt,
+                    "gen_ai.request.model": req.model,
+                    "gen_ai.usage.input_tokens": len(req.token_ids),
+                    "gen_ai.request.max_tokens": req.sampling.max_tokens,
+                },
+            )
         self.log.info(
             "request_started",
             request_id=req.request_id,
@@ -319,6 +337,16 @@ class WorkerRuntime:
         if len(self._done) > _RECENT_DONE:
             self._done.popitem(last=False)
         self.metrics.observe_finished(ar, time.monotonic())
+        if ar.span is not None:
+            ar.span.end(
+                {
+                    "gen_ai.usage.output_tokens": ar.num_generated,
+                    "gen_ai.response.finish_reasons": ar.finish_reason,
+                    "jetfleet.cached_tokens": ar.cached_tokens,
+                    "jetfleet.host_cached_tokens": ar.host_cached_tokens,
+                },
+                error=ar.error,
+            )
         self.log.info(
             "request_finished",
             request_id=rid,

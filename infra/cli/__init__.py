@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(args.log_level, args.log_format)
     subjects = Subjects(args.subject_prefix)
+    from base.tracing import TracingUnavailableError
     from infra.tools import NoFleetError
 
     for family in (fleet, serve, planner):
@@ -73,5 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             except NoFleetError as exc:  # a tool pointed at the wrong server or prefix
                 print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)
                 return 1
+            except TracingUnavailableError as exc:  # configured, not installed
+                print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)
+                return 2
     print(f"jetfleet: unknown command {args.cmd}", file=sys.stderr)
     return 2

@@ -44,6 +44,12 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument("--prefill-workers", type=int, default=1, help="with --disagg (default: 1)")
     g.add_argument("--decode-workers", type=int, default=1, help="with --disagg (default: 1)")
+    g.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="export spans of every process to this OTLP/HTTP collector (e.g. "
+        "http://127.0.0.1:4318): sets OTEL_EXPORTER_OTLP_ENDPOINT for them",
+    )
     add_engine(up)
     add_routing(up)
     CLIENT.add_to(up)

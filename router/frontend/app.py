@@ -24,6 +24,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from base.tracing import Span, Tracing
 from model.structured import problem as mocker_problem
 from router.client import Generation, NoWorkersError, OverloadedError
 from router.disagg_client import DisaggClient, DisaggGeneration
@@ -144,8 +145,10 @@ class Frontend:
         metrics: FrontendMetrics,
         frontend_id: str,
         redis: Any | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.tracing = tracing or Tracing("jetfleet-frontend", frontend_id, env={})
         self.nc = nc
         self.discovery = discovery
         self.client = client
@@ -177,7 +180,17 @@ class Frontend:
         path, method = scope["path"], scope["method"]
         started = time.monotonic()
         ctx: dict[str, Any] = {"request_id": _client_request_id(scope) or uuid.uuid4().hex}
-        ctx["trace_id"], traceparent = child_traceparent(_header(scope, b"traceparent"))
+        parent = _header(scope, b"traceparent")
+        if self.tracing.exporting and path.startswith("/v1/"):
+            span = self.tracing.start(
+                f"{method} {path}",
+                parent,
+                "server",
+                {"http.request.method": method, "url.path": path},
+            )
+        else:  # the context travels on, no span is recorded here
+            span = Span(None, *child_traceparent(parent))
+        ctx["trace_id"], traceparent = span.trace_id, span.traceparent
         status = [0]
         echo = (b"x-request-id", ctx["request_id"].encode())
 
@@ -193,6 +206,11 @@ class Frontend:
             if path in _ENDPOINTS and "outcome" not in ctx:  # refused: count it by its status
                 model = ctx.get("model", "unknown")
                 self.metrics.requests.labels(model, _ENDPOINTS[path], str(status[0] or 499)).inc()
+            code = status[0] or 499
+            span.end(
+                {"http.response.status_code": code, **{f"jetfleet.{k}": v for k, v in ctx.items()}},
+                error=f"HTTP {code}" if code >= 500 else None,
+            )
             if self.cfg.access_log and path.startswith("/v1/"):
                 access_log.info(
                     "request",

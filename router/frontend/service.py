@@ -14,6 +14,7 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from base.tracing import Tracing
 from router.client import ClientConfig
 from router.disagg import DisaggConfig
 from router.frontend.app import Frontend, FrontendConfig
@@ -81,6 +82,7 @@ class _Server(uvicorn.Server):
 
 
 async def run_frontend(cfg: FrontendServiceConfig) -> None:
+    tracing = Tracing("jetfleet-frontend", cfg.frontend_id)  # OTLP export if configured
     stack = await RoutingStack.open(
         StackConfig(
             cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client, cfg.disagg
@@ -95,6 +97,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         FrontendMetrics(CollectorRegistry()),
         cfg.frontend_id,
         stack.redis if cfg.router == "kv" else None,
+        tracing,
     )
     sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)
     server = _Server(
@@ -122,4 +125,5 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     finally:
         await app.close()
         await stack.close()
+        tracing.shutdown()
         log.info("frontend_stopped", frontend_id=cfg.frontend_id)
