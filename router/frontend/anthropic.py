@@ -257,7 +257,8 @@ class MessagesShape:
         out = b""
         if d.reasoning:
             if self._kind != "thinking":
-                out += self._open("thinking", {"type": "thinking", "thinking": ""})
+                block = {"type": "thinking", "thinking": "", "signature": ""}
+                out += self._open("thinking", block)
             delta = {"type": "thinking_delta", "thinking": d.reasoning}
             out += _event("content_block_delta", {"index": self._block, "delta": delta})
         if d.content:
@@ -286,7 +287,10 @@ class MessagesShape:
             return b""
         stop = _STOP_REASONS.get(self._reason or "", self._reason)
         delta = {"stop_reason": stop, "stop_sequence": self._stop}
-        out = self._close()
+        out = b""
+        if self._block < 0:  # nothing was said: one empty text block, as the whole message has
+            out += self._open("text", {"type": "text", "text": ""})
+        out += self._close()
         out += _event("message_delta", {"delta": delta, "usage": _usage(usage)})
         return out + _event("message_stop", {})
 

@@ -586,7 +586,12 @@ class Frontend:
         if not chat:
             return ChoiceOutput()
         try:
-            return ChoiceOutput(params.tools, card.tool_call_parser, card.reasoning_parser)
+            return ChoiceOutput(
+                params.tools,
+                card.tool_call_parser,
+                card.reasoning_parser,
+                constrained=params.structured is not None,
+            )
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="tool_choice") from None
 

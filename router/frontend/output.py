@@ -48,9 +48,14 @@ class ChoiceOutput:
         tools: ToolPlan | None = None,
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
+        constrained: bool = False,
     ) -> None:
-        """``ValueError`` when ``tools`` asks for parsing (auto) and no parser is known."""
-        self._reasoning = ReasoningStream(reasoning_parser) if reasoning_parser else None
+        """``ValueError`` when ``tools`` asks for parsing (auto) and no parser is known.
+        ``constrained``: the engine is held to a grammar from the first token, so only an
+        explicit ``<think>`` block is reasoning."""
+        self._reasoning = (
+            ReasoningStream(reasoning_parser, explicit=constrained) if reasoning_parser else None
+        )
         self._plan = tools if tools is not None and tools.mode != "none" else None
         self._stream: ToolStream | None = None
         if self._plan is not None and self._plan.mode == "auto":
@@ -88,6 +93,8 @@ class ChoiceOutput:
         elif self._stream is not None:
             rest, calls = self._stream.finish()
             content += rest
+        if self._plan is not None and not self._plan.parallel:
+            calls = calls[:1]  # parallel_tool_calls false: the first call only, as vLLM does
         out = [
             OutCall(self.calls + i, _call_id(), c.name, c.arguments) for i, c in enumerate(calls)
         ]

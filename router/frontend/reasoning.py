@@ -9,6 +9,11 @@ qwen3         reasoning only when the output begins with ``<think>`` (Qwen3 with
               writes none), up to ``</think>``
 ============  ================================================================================
 
+A constrained answer (a schema, a forced tool call, a choice) is grammar from its first token:
+the engine opens no reasoning block for it, so with ``explicit`` only a block the text itself
+opens with ``<think>`` is reasoning, whatever the parser (a deepseek_r1 parse would otherwise
+take a whole JSON answer for unfinished reasoning).
+
 Text that might be the start of a marker is held back until it is decided, so the pieces a
 stream gives concatenate to exactly what the whole text gives.
 """
@@ -22,11 +27,12 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 class ReasoningStream:
-    def __init__(self, parser: str) -> None:
+    def __init__(self, parser: str, explicit: bool = False) -> None:
         if parser not in REASONING_PARSERS:
             known = ", ".join(REASONING_PARSERS)
             raise ValueError(f"unknown reasoning parser {parser!r} (known: {known})")
         self.parser = parser
+        self._implicit = parser == "deepseek_r1" and not explicit  # output starts in reasoning
         self._state = "start"  # start | reasoning | content
         self._held = ""
 
@@ -42,7 +48,7 @@ class ReasoningStream:
                 return "", ""
             if head.startswith(START):
                 self._state, held = "reasoning", head[len(START) :]
-            elif self.parser == "deepseek_r1":
+            elif self._implicit:
                 self._state = "reasoning"
             else:
                 self._state = "content"
@@ -61,6 +67,6 @@ class ReasoningStream:
         held, self._held = self._held, ""
         if self._state == "reasoning":
             return held, ""
-        if self._state == "start" and self.parser == "deepseek_r1":
+        if self._state == "start" and self._implicit:
             return held.lstrip().removeprefix(START), ""
         return "", held

@@ -237,7 +237,8 @@ class ResponsesShape:
         item["status"] = "completed"
         if item["type"] == "message":
             part = item["content"][0]
-            out = self._event("response.output_text.done", {**where, "text": part["text"]})
+            done = {**where, "text": part["text"], "logprobs": part["logprobs"]}
+            out = self._event("response.output_text.done", done)
             out += self._event("response.content_part.done", {**where, "part": part})
         else:
             text = item["content"][0]["text"]
@@ -286,7 +287,12 @@ class ResponsesShape:
         return err.body()
 
     def end(self, usage: dict[str, Any], include_usage: bool) -> bytes:
-        out = self._end_open()
+        out = b""
+        if not self._failed and not any(
+            i["type"] in ("message", "function_call") for i in self._items
+        ):  # no text and no call: an empty message, as the whole response has
+            out += self._begin(_item("message", self.id, len(self._items)))
+        out += self._end_open()
         if self._failed:
             return out
         response = self._response("completed", self._items, _usage(usage))

@@ -339,3 +339,77 @@ def test_logprobs_of_held_back_text_reach_the_message_with_the_text() -> None:
     assert [len(d["logprobs"]) for d in deltas] == [2]
     message = got[-1][1]["response"]["output"][0]
     assert [lp["token"] for lp in message["content"][0]["logprobs"]] == ["<", "b"]
+
+
+# ------------------------------------------- streamed and whole agree, and both are typed
+ANSWERS = [
+    pytest.param(FullChoice("", "stop"), id="nothing"),
+    pytest.param(FullChoice("", "stop", "only thought"), id="reasoning-only"),
+    pytest.param(FullChoice("Hi!", "stop"), id="text"),
+    pytest.param(FullChoice("Hi!", "tool_calls", "hmm", [CALL]), id="everything"),
+    pytest.param(FullChoice("", "tool_calls", "", [CALL]), id="call-only"),
+]
+
+
+def _streamed(shape: Any, c: FullChoice) -> bytes:
+    stream = shape.start(1)
+    lps = [{"token": "Hi!", "logprob": -0.5, "bytes": [72, 105, 33], "top_logprobs": []}]
+    stream += shape.delta_chunk(0, Delta(reasoning=c.reasoning), None)
+    stream += shape.delta_chunk(0, Delta(content=c.content), None, lps if c.content else None)
+    shape.finish(c.reason, None)
+    stream += shape.delta_chunk(0, Delta(tool_calls=list(c.calls)), c.reason)
+    return stream + shape.end(USAGE, False)
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_a_streamed_message_is_the_whole_one_and_every_event_is_typed(answer) -> None:
+    from anthropic.types import Message, RawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(RawMessageStreamEvent)
+    got = events(_streamed(anthropic.MessagesShape("msg-r1", 0, "m"), answer))
+    for _, e in got:
+        adapter.validate_python(e, strict=True)
+    blocks: list[dict[str, Any]] = []
+    for kind, e in got:
+        if kind == "content_block_start":
+            blocks.append(dict(e["content_block"]))
+        elif kind == "content_block_delta":
+            d = e["delta"]
+            if d["type"] == "input_json_delta":
+                blocks[-1]["input"] = json.loads(d["partial_json"])
+            else:
+                field = "thinking" if d["type"] == "thinking_delta" else "text"
+                blocks[-1][field] += d[field]
+    whole_shape = anthropic.MessagesShape("msg-r1", 0, "m")
+    whole_shape.finish(answer.reason, None)
+    whole = json.loads(whole_shape.full([answer], USAGE))
+    Message.model_validate(whole, strict=True)
+    assert blocks == whole["content"]
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_a_streamed_response_is_the_whole_one_and_every_event_is_typed(answer) -> None:
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(ResponseStreamEvent)
+    got = events(_streamed(responses_api.ResponsesShape("resp-r1", 5, "m", {}), answer))
+    for _, e in got:
+        adapter.validate_python(e, strict=True)
+    streamed = got[-1][1]["response"]
+    Response.model_validate(streamed, strict=True)
+    whole_shape = responses_api.ResponsesShape("resp-r1", 5, "m", {})
+    whole_shape.finish(answer.reason, None)
+    whole = json.loads(
+        whole_shape.full([FullChoice(**{**answer.__dict__, "logprobs": None})], USAGE)
+    )
+    Response.model_validate(whole, strict=True)
+
+    def items(r: dict[str, Any]) -> list[tuple[str, str]]:
+        return [
+            (i["type"], i.get("arguments") or "".join(c["text"] for c in i.get("content", ())))
+            for i in r["output"]
+        ]
+
+    assert items(streamed) == items(whole)

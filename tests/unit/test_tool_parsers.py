@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from model.card import REASONING_PARSERS, TOOL_CALL_PARSERS
-from router.frontend.output import ChoiceOutput
+from router.frontend.output import ChoiceOutput, Delta
 from router.frontend.reasoning import ReasoningStream
 from router.frontend.tool_parsers import PARSERS, ToolStream, tool_parser
 from router.frontend.tools import plan_tools
@@ -206,6 +206,49 @@ def test_reasoning_then_tool_calls_then_finish_reason():
         calls = [c for d in deltas for c in d.tool_calls]
         assert [(c.index, c.name, c.arguments) for c in calls] == [(0, "search", "{}")]
         assert reason == "tool_calls"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_parsed_call():
+    tools = [{"type": "function", "function": t} for t in TOOLS]
+    two = (
+        '<tool_call>{"name": "search", "arguments": {"q": 1}}</tool_call>'
+        '<tool_call>{"name": "search", "arguments": {"q": 2}}</tool_call>'
+    )
+    for parallel, expected in ((None, 2), (True, 2), (False, 1)):
+        out = ChoiceOutput(plan_tools(tools, "auto", parallel), "hermes")
+        out.feed(two)
+        tail, reason = out.finish("stop")
+        assert [c.arguments for c in tail.tool_calls] == ['{"q": 1}', '{"q": 2}'][:expected]
+        assert reason == "tool_calls"
+
+
+@pytest.mark.parametrize("parser", REASONING_PARSERS)
+def test_a_constrained_answer_is_content_unless_it_opens_a_think_block(parser):
+    """A schema or a forced call is grammar from the first token: deepseek_r1's implicit
+    reasoning start does not apply (else the whole JSON would be unfinished reasoning)."""
+    named = plan_tools(
+        [{"type": "function", "function": t} for t in TOOLS],
+        {"type": "function", "function": {"name": "get_weather"}},
+        None,
+    )
+    out = ChoiceOutput(named, None, parser, constrained=True)
+    assert out.feed('{"city": "Paris"}') == Delta()
+    tail, reason = out.finish("stop")
+    assert (tail.reasoning, [c.name for c in tail.tool_calls], reason) == (
+        "",
+        ["get_weather"],
+        "tool_calls",
+    )
+    schema = ChoiceOutput(None, None, parser, constrained=True)
+    deltas = [schema.feed('{"a": 1}'), schema.finish("stop")[0]]
+    assert "".join(d.content for d in deltas) == '{"a": 1}'
+    assert "".join(d.reasoning for d in deltas) == ""
+    thought = ChoiceOutput(None, None, parser, constrained=True)
+    deltas = [thought.feed("<think>hm</think>yes"), thought.finish("stop")[0]]
+    assert [("".join(d.reasoning for d in deltas)), "".join(d.content for d in deltas)] == [
+        "hm",
+        "yes",
+    ]
 
 
 def test_a_constrained_call_cut_by_length_is_content_not_a_call():
