@@ -5,6 +5,10 @@ tool results, thinking), so it is validated, templated, routed, migrated and obs
 a chat completion; only the response is shaped differently: a ``message`` object, or the event
 stream (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop`` per block,
 ``message_delta``, ``message_stop``). Errors use Anthropic's ``{"type": "error", "error": ...}``.
+
+``thinking`` (``enabled`` / ``disabled``) is the chat template's ``enable_thinking`` switch (the
+one Qwen3- and DeepSeek-style templates read); ``budget_tokens`` is not enforced apart from
+``max_tokens``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from router.frontend.openai_protocol import OpenAIError, decode_object
+from router.frontend.openai_protocol import MAX_STOP, OpenAIError, decode_object
 from router.frontend.output import Delta, OutCall
 from router.frontend.responses import FullChoice, encode
 
@@ -149,8 +153,17 @@ def to_chat_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
     for key in ("temperature", "top_p", "top_k", "seed"):  # seed: ours, for reproducible runs
         if data.get(key) is not None:
             chat[key] = data[key]
-    if data.get("stop_sequences"):
-        chat["stop"] = data["stop_sequences"]
+    stops = data.get("stop_sequences")
+    if stops:
+        if not isinstance(stops, list) or len(stops) > MAX_STOP:
+            raise _bad("stop_sequences", f"stop_sequences may hold at most {MAX_STOP} strings")
+        chat["stop"] = stops
+    thinking = data.get("thinking")
+    if thinking is not None:  # the template's switch (Qwen3, DeepSeek, ...); see the README
+        kind = thinking.get("type") if isinstance(thinking, dict) else None
+        if kind not in ("enabled", "disabled"):
+            raise _bad("thinking.type", "thinking.type must be 'enabled' or 'disabled'")
+        chat["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
     tools = data.get("tools")
     if tools:
         if not isinstance(tools, list):

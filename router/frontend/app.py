@@ -659,7 +659,7 @@ class Frontend:
         render: Callable[[], str]
         if chat:
             messages = creq.messages_as_dicts()
-            extra = dict(creq.chat_template_kwargs or {})
+            extra = creq.template_kwargs()
             tools = params.tools.template_tools() if params.tools is not None else None
             if tools:
                 extra["tools"] = tools

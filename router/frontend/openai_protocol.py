@@ -3,9 +3,11 @@
 Parsing is typed (msgspec): a wrong type names the field (``$.temperature`` -> param
 ``temperature``, ``$.messages[0].role`` -> ``messages[0].role``). Ranges are checked after
 parsing. Every failure is an ``OpenAIError`` carrying the HTTP status and the ``{"error": {message,
-type, param, code}}`` body OpenAI clients expect. Unknown fields are ignored, as OpenAI does; known
-fields the fleet cannot honour (``logit_bias``, ``best_of``, ``suffix``, non-text content parts)
-are refused with 400 when set to anything but their default, never silently ignored. Most optional
+type, param, code}}`` body OpenAI clients expect. Unknown fields are ignored, as vLLM's server
+does (OpenAI's own refuses them); known fields the fleet cannot honour (``logit_bias``,
+``best_of``, ``suffix``, non-text content parts, audio output, ``prediction``,
+``web_search_options``) are refused with 400 when set to anything but their default, never
+silently ignored. Most optional
 fields also accept ``null`` (some clients send every field).
 
 Structured output comes as OpenAI's ``response_format`` (``json_object``, ``json_schema``) or as
@@ -133,6 +135,22 @@ class ChatCompletionRequest(_Common):
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM extension (enable_thinking, ...)
+    reasoning_effort: str | None = None  # to the chat template; "none" also turns thinking off
+    modalities: list[str] | None = None  # refused unless ["text"]
+    audio: Any = None  # refused (audio output)
+    prediction: Any = None  # refused (predicted outputs)
+    web_search_options: Any = None  # refused
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template gets besides the messages: ``chat_template_kwargs`` and,
+        from ``reasoning_effort``, ``reasoning_effort`` (gpt-oss-style templates read it) and
+        ``enable_thinking`` (Qwen3 / DeepSeek-style ones; "none" turns it off), unless the
+        request's ``chat_template_kwargs`` set them itself."""
+        extra = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            extra.setdefault("reasoning_effort", self.reasoning_effort)
+            extra.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return extra
 
     def messages_as_dicts(self) -> list[dict[str, Any]]:
         """Messages for the chat template: content always a string."""
@@ -411,6 +429,7 @@ def resolve_max_tokens(
 
 # ---- parsing and validation ------------------------------------------------------------------
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
@@ -426,6 +445,19 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             raise _bad("top_logprobs", f"top_logprobs must be in [0, {MAX_LOGPROBS}]")
         if req.top_logprobs and not req.logprobs:
             raise _bad("top_logprobs", "top_logprobs needs logprobs set to true")
+    if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
+        raise _bad(
+            "reasoning_effort", f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}"
+        )
+    _refuse(
+        req,
+        {
+            "modalities": (None, ["text"]),
+            "audio": (None,),
+            "prediction": (None,),
+            "web_search_options": (None,),
+        },
+    )
     chat_generation_params(req)  # tools, tool_choice and the constraint are checked here
     return req
 

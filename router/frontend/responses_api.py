@@ -8,8 +8,11 @@ parts, ``function_call`` and ``function_call_output`` items of an earlier turn);
 ``output`` holds a ``reasoning`` item, a ``message`` item and one ``function_call`` item per
 call, or, streamed, the ``response.*`` events that build it (each with its ``sequence_number``).
 
-Responses are not stored: ``previous_response_id`` is refused (send the whole conversation in
-``input``), ``store`` is accepted and has no effect.
+``reasoning.effort`` becomes the chat ``reasoning_effort`` (to the chat template). Responses are
+not stored: ``previous_response_id`` and ``background`` are refused (send the whole conversation
+in ``input``), ``store`` is accepted and has no effect (the response says ``store: false``);
+``truncation`` other than ``disabled`` and ``include`` other than the output text's logprobs are
+refused.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import msgspec
 from router.frontend.openai_protocol import OpenAIError, decode_object
 from router.frontend.output import Delta, OutCall
 from router.frontend.responses import FullChoice, encode
+
+INCLUDABLE = ("message.output_text.logprobs",)
 
 
 def _bad(param: str, message: str) -> OpenAIError:
@@ -108,6 +113,18 @@ def to_chat_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
             "previous_response_id is not supported: this server stores no responses; send the "
             "whole conversation in input",
         )
+    if data.get("background"):
+        raise _bad("background", "background responses are not supported: nothing is stored")
+    if data.get("truncation") not in (None, "disabled"):
+        raise _bad(
+            "truncation", "truncation must be 'disabled' (a prompt that does not fit is a 400)"
+        )
+    include = data.get("include") or []
+    if not isinstance(include, list) or any(i not in INCLUDABLE for i in include):
+        raise _bad("include", f"include may only hold {', '.join(INCLUDABLE)}")
+    reasoning = data.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise _bad("reasoning", "reasoning must be an object")
     messages = _input(data.get("input"))
     if data.get("instructions"):
         messages.insert(0, {"role": "system", "content": str(data["instructions"])})
@@ -126,6 +143,8 @@ def to_chat_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
     ):
         if data.get(theirs) is not None:
             chat[ours] = data[theirs]
+    if reasoning and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
     if chat.get("top_logprobs") is not None:
         chat["logprobs"] = True  # Responses asks with top_logprobs alone
     tools = data.get("tools")

@@ -142,6 +142,24 @@ def test_a_messages_body_means_this_chat_request() -> None:
             },
             "tools.0.type",
         ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 1,
+                "stop_sequences": ["a", "b", "c", "d", "e"],
+                "messages": [{"role": "user", "content": "x"}],
+            },
+            "stop_sequences",
+        ),
+        (
+            {
+                "model": "m",
+                "max_tokens": 1,
+                "thinking": {"type": "adaptive"},
+                "messages": [{"role": "user", "content": "x"}],
+            },
+            "thinking.type",
+        ),
     ],
 )
 def test_bad_messages_bodies_name_the_field(body: dict[str, Any], param: str) -> None:
@@ -269,6 +287,10 @@ def test_a_responses_body_means_this_chat_request() -> None:
         ),
         ({"model": "m", "input": "x", "tools": [{"type": "file_search"}]}, "tools[0].type"),
         ({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+        ({"model": "m", "input": "x", "background": True}, "background"),
+        ({"model": "m", "input": "x", "truncation": "auto"}, "truncation"),
+        ({"model": "m", "input": "x", "include": ["file_search_call.results"]}, "include"),
+        ({"model": "m", "input": "x", "reasoning": "high"}, "reasoning"),
     ],
 )
 def test_bad_responses_bodies_name_the_field(body: dict[str, Any], param: str) -> None:
@@ -413,3 +435,15 @@ def test_a_streamed_response_is_the_whole_one_and_every_event_is_typed(answer) -
         ]
 
     assert items(streamed) == items(whole)
+
+
+def test_thinking_and_reasoning_switches_reach_the_chat_request() -> None:
+    msg = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+    for kind, on in (("enabled", True), ("disabled", False)):
+        body = msg | {"thinking": {"type": kind, "budget_tokens": 1024}}
+        chat, _ = anthropic.to_chat_body(json.dumps(body).encode())
+        assert json.loads(chat)["chat_template_kwargs"] == {"enable_thinking": on}
+    resp = {"model": "m", "input": "x", "reasoning": {"effort": "low", "summary": "auto"}}
+    resp |= {"include": ["message.output_text.logprobs"], "truncation": "disabled"}
+    chat, _ = responses_api.to_chat_body(json.dumps(resp).encode())
+    assert json.loads(chat)["reasoning_effort"] == "low"

@@ -58,6 +58,7 @@ GOOD_CHAT = [
     chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
     chat(guided_json={"type": "object"}, chat_template_kwargs={"enable_thinking": False}),
     chat(structured_outputs={"choice": ["a", "b"]}),
+    chat(reasoning_effort="low", modalities=["text"]),
     chat(response_format={"type": "text"}, best_of=1, unknown_field={"ignored": 1}),
     chat(temperature=None, n=None, stream=None, stop=None, stream_options=None, seed=None),
     chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}]}]),
@@ -178,6 +179,11 @@ BAD_CHAT: list[tuple[str, bytes, int, str | None]] = [
     ("logit_bias", chat(logit_bias={"1": 5}), 400, "logit_bias"),
     ("best_of", chat(best_of=2), 400, "best_of"),
     ("user type", chat(user=5), 400, "user"),
+    ("reasoning_effort", chat(reasoning_effort="extreme"), 400, "reasoning_effort"),
+    ("audio output", chat(modalities=["text", "audio"]), 400, "modalities"),
+    ("audio", chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio"),
+    ("prediction", chat(prediction={"type": "content", "content": "x"}), 400, "prediction"),
+    ("web search", chat(web_search_options={}), 400, "web_search_options"),
 ]
 
 BAD_COMPLETION: list[tuple[str, bytes, int, str | None]] = [
@@ -433,3 +439,15 @@ def test_resolve_max_tokens_prompt_param() -> None:
     with pytest.raises(OpenAIError) as info:
         resolve_max_tokens(None, 200, 100, prompt_param="prompt")
     assert info.value.param == "prompt"
+
+
+def test_reasoning_effort_reaches_the_chat_template() -> None:
+    def kwargs(**body: Any) -> dict[str, Any]:
+        return parse_chat_request(chat(**body)).template_kwargs()
+
+    assert kwargs() == {}
+    assert kwargs(reasoning_effort="high") == {"reasoning_effort": "high", "enable_thinking": True}
+    assert kwargs(reasoning_effort="none")["enable_thinking"] is False
+    # the request's own template kwargs win
+    own = kwargs(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True})
+    assert own == {"enable_thinking": True, "reasoning_effort": "none"}
