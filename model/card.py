@@ -64,6 +64,7 @@ class LocalModel:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     hidden_size: int = 0  # config.json's hidden_size (d_model, n_embd): the embedding size
+    matryoshka_dimensions: tuple[int, ...] | None = None  # None: no; (): any size up to hidden
     kv_bytes_per_token: int = 0  # layers x 2 x KV heads x head dim x dtype bytes (0: unknown)
 
 
@@ -111,8 +112,19 @@ def load_model_dir(
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
         hidden_size=_hidden_size(cfg),
+        matryoshka_dimensions=matryoshka_dimensions(cfg),
         kv_bytes_per_token=kv_bytes_per_token(cfg),
     )
+
+
+def matryoshka_dimensions(cfg: dict[str, Any]) -> tuple[int, ...] | None:
+    """The embedding sizes a client may ask for (``dimensions``), as vLLM reads them from
+    ``config.json``: ``matryoshka_dimensions`` (those), ``is_matryoshka`` (any, ``()``), else
+    None (the model's vectors cannot be cut)."""
+    dims = cfg.get("matryoshka_dimensions")
+    if isinstance(dims, list) and dims:
+        return tuple(int(d) for d in dims if isinstance(d, int) and not isinstance(d, bool))
+    return () if cfg.get("is_matryoshka") is True else None
 
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "fp8": 1}
@@ -171,6 +183,7 @@ def to_model_card(
         reasoning_parser=local.reasoning_parser,
         tasks=tasks,
         hidden_size=local.hidden_size,
+        matryoshka_dimensions=local.matryoshka_dimensions,
     )
 
 

@@ -59,4 +59,5 @@ class ModelCard(msgspec.Struct, frozen=True, omit_defaults=True):
     reasoning_parser: str | None = None  # how it writes reasoning (deepseek_r1, qwen3)
     tasks: tuple[str, ...] = ("generate",)  # what its workers answer: "generate", "embed"
     hidden_size: int = 0  # the embedding size (0: unknown)
+    matryoshka_dimensions: tuple[int, ...] | None = None  # sizes ``dimensions`` may ask; ()=any
     v: int = 1

@@ -101,6 +101,7 @@ def build(out: Path) -> None:
                 "architectures": ["JetfleetTinyForCausalLM"],
                 "max_position_embeddings": CONTEXT,
                 "hidden_size": 64,  # the mocker's embeddings have this many dimensions
+                "is_matryoshka": True,  # ... and any prefix of them is one (``dimensions``)
                 # Llama-3.1-8B's KV geometry (128 KiB a token), so simulated KV transfers between
                 # prefill and decode workers take realistic time
                 "num_hidden_layers": 32,

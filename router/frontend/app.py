@@ -32,7 +32,7 @@ from router.discovery import Discovery, ServedModel
 from router.frontend import anthropic, asgi, responses_api
 from router.frontend.anthropic import MessagesShape
 from router.frontend.anthropic import error_body as anthropic_error_body
-from router.frontend.embeddings import parse_embedding_request
+from router.frontend.embeddings import embedding_dimensions_check, parse_embedding_request
 from router.frontend.embeddings import response_body as embedding_response
 from router.frontend.logprobs import CompletionLogprobs, chat_content, merge_completion
 from router.frontend.metrics import FrontendMetrics
@@ -384,12 +384,8 @@ class Frontend:
                 f"{', '.join(card.tasks)}).",
                 param="model",
             )
-        if req.dimensions is not None and card.hidden_size and req.dimensions > card.hidden_size:
-            raise OpenAIError(
-                400,
-                f"dimensions must be at most {card.hidden_size} for this model",
-                param="dimensions",
-            )
+        if req.dimensions is not None:
+            embedding_dimensions_check(card, req.model, req.dimensions)
         prompts = await asyncio.gather(
             *(self._embedding_tokens(served, item, len(body)) for item in req.inputs())
         )

@@ -16,6 +16,7 @@ import msgspec
 
 from router.frontend.openai_protocol import OpenAIError, decode_with
 from router.frontend.responses import encode
+from schemas.discovery import ModelCard
 
 MAX_INPUTS = 2048
 
@@ -62,6 +63,24 @@ def parse_embedding_request(body: bytes) -> EmbeddingRequest:
         raise _bad(f"dimensions must be at least 1, got {req.dimensions}", "dimensions")
     req.inputs()
     return req
+
+
+def embedding_dimensions_check(card: ModelCard, model: str, dimensions: int) -> None:
+    """``dimensions`` as vLLM allows it: only for a Matryoshka model (its ``config.json`` says
+    ``is_matryoshka`` or lists ``matryoshka_dimensions``), at most its hidden size, and one of
+    the listed sizes when there is a list."""
+    dims = card.matryoshka_dimensions
+    if dims is None:
+        raise _bad(
+            f"The model `{model}` does not support dimensions: it is not a Matryoshka model "
+            "(its config.json sets neither is_matryoshka nor matryoshka_dimensions)",
+            "dimensions",
+        )
+    if card.hidden_size and dimensions > card.hidden_size:
+        raise _bad(f"dimensions must be at most {card.hidden_size} for this model", "dimensions")
+    if dims and dimensions not in dims:
+        sizes = ", ".join(map(str, dims))
+        raise _bad(f"dimensions must be one of {sizes} for this model", "dimensions")
 
 
 def _vector(values: tuple[float, ...], fmt: str | None) -> list[float] | str:

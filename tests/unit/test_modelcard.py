@@ -151,3 +151,29 @@ def test_local_model_is_frozen() -> None:
     local: LocalModel = load_model_dir(TINY)
     with pytest.raises(AttributeError):
         local.name = "other"  # type: ignore[misc]
+
+
+def test_matryoshka_dimensions_as_vllm_reads_them() -> None:
+    from model.card import matryoshka_dimensions
+    from router.frontend.embeddings import embedding_dimensions_check
+    from router.frontend.openai_protocol import OpenAIError
+    from schemas import ModelCard
+
+    assert matryoshka_dimensions({}) is None
+    assert matryoshka_dimensions({"is_matryoshka": True}) == ()
+    assert matryoshka_dimensions({"matryoshka_dimensions": [768, 256]}) == (768, 256)
+    assert load_model_dir(default_model_dir()).matryoshka_dimensions == ()  # the shipped card
+
+    def card(dims: tuple[int, ...] | None) -> ModelCard:
+        return ModelCard("m", 10, 16, "t", "s", hidden_size=64, matryoshka_dimensions=dims)
+
+    embedding_dimensions_check(card(()), "m", 8)
+    embedding_dimensions_check(card((32, 16)), "m", 16)
+    for dims, asked, says in (
+        (None, 8, "not a Matryoshka model"),
+        ((), 65, "at most 64"),
+        ((32, 16), 8, "one of 32, 16"),
+    ):
+        with pytest.raises(OpenAIError, match=says) as err:
+            embedding_dimensions_check(card(dims), "m", asked)
+        assert (err.value.status, err.value.param) == (400, "dimensions")
