@@ -55,8 +55,6 @@ def _servers(args: argparse.Namespace) -> tuple[EmbeddedNats, EmbeddedRedis]:
 
 def run_servers(args: argparse.Namespace) -> int:
     _install_stop_handlers()
-    if args.otlp_endpoint:  # every process up starts reads it (base.tracing)
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
     nats, redis = _servers(args)
     print(f"NATS  {nats.url}\nRedis {redis.url}\n(Ctrl-C stops them)", flush=True)
     try:

@@ -65,10 +65,20 @@ class Planner:
         await self.watch.stop()
 
 
-async def register(js, subjects, worker_id: str) -> None:
+async def register(js, subjects, worker_id: str, managed_by: str = "local") -> None:
+    """A worker as a connector starts it (``managed_by=""``: one started by hand)."""
     kv = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
     reg = WorkerRegistration(
-        worker_id, MODEL, "agg", "mocker", 64, 1000, 16, heartbeat_at_s=time.time(), ttl_s=60.0
+        worker_id,
+        MODEL,
+        "agg",
+        "mocker",
+        64,
+        1000,
+        16,
+        heartbeat_at_s=time.time(),
+        ttl_s=60.0,
+        managed_by=managed_by,
     )
     await kv.put(worker_id, encode(reg))
 
