@@ -1,5 +1,9 @@
 """Connections to NATS and Redis, one way for every process: endless NATS reconnects with logged
-connection events, credentials and TLS from the environment; RESP3 Redis clients."""
+connection events, credentials and TLS from the environment; RESP3 Redis clients, to one server
+(``redis://``, ``rediss://``, ``unix://``) or to the primary that Sentinel names
+(``redis+sentinel://[[user]:password@]host:port[,host:port...]/SERVICE[/DB]``, the sentinels'
+default port 26379; the password is the data servers', ``JETFLEET_SENTINEL_PASSWORD`` the
+sentinels' own if they require one)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ import contextlib
 import os
 import ssl
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import nats
 import redis.asyncio as aioredis
@@ -100,12 +106,70 @@ async def close_nats(nc: NATS, timeout_s: int = 5) -> None:
         await nc.close()
 
 
-async def connect_redis(url: str, health_check_interval_s: int = 10) -> aioredis.Redis:
-    """An asyncio Redis client: RESP3, hiredis parser when installed (redis-py picks it)."""
-    return aioredis.from_url(
-        url,
-        protocol=3,
-        health_check_interval=health_check_interval_s,
-        decode_responses=False,
-        socket_keepalive=True,
+SENTINEL_SCHEME = "redis+sentinel"
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_sentinel_url(url: str) -> SentinelUrl:
+    """``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/SERVICE[/DB]``."""
+    usage = f"a {SENTINEL_SCHEME} URL is {SENTINEL_SCHEME}://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]"
+    parts = urlsplit(url)
+    if parts.scheme != SENTINEL_SCHEME:
+        raise ValueError(f"not a {SENTINEL_SCHEME} URL: {url!r}; {usage}")
+    creds, _, hosts = parts.netloc.rpartition("@")
+    user, _, password = creds.partition(":") if creds else ("", "", "")
+    sentinels = []
+    for item in filter(None, hosts.split(",")):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", "26379")
+        if not host or not port.isdigit():
+            raise ValueError(f"bad sentinel address {item!r}; {usage}")
+        sentinels.append((host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"{url!r}: {usage}")
+    return SentinelUrl(
+        sentinels,
+        unquote(path[0]),
+        int(path[1]) if len(path) == 2 else 0,
+        unquote(user) or None,
+        unquote(password) or None,
     )
+
+
+async def connect_redis(url: str, health_check_interval_s: int = 10) -> aioredis.Redis:
+    """An asyncio Redis client: RESP3, hiredis parser when installed (redis-py picks it). With a
+    ``redis+sentinel://`` URL, a client of the primary Sentinel names, found again after a
+    failover (redis-py's Sentinel-managed connections; the lean routing pipe follows too)."""
+    options: dict[str, Any] = {
+        "protocol": 3,
+        "health_check_interval": health_check_interval_s,
+        "decode_responses": False,
+        "socket_keepalive": True,
+    }
+    if not url.startswith(f"{SENTINEL_SCHEME}://"):
+        return aioredis.from_url(url, **options)
+    from redis.asyncio.sentinel import Sentinel
+
+    parsed = parse_sentinel_url(url)
+    sentinel_password = os.environ.get("JETFLEET_SENTINEL_PASSWORD")
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        parsed.sentinels,
+        sentinel_kwargs={"password": sentinel_password, "socket_timeout": 2.0},
+        socket_connect_timeout=2.0,
+    )
+    client: aioredis.Redis = sentinel.master_for(
+        parsed.service,
+        db=parsed.db,
+        username=parsed.username,
+        password=parsed.password,
+        **options,
+    )
+    return client

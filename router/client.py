@@ -121,7 +121,7 @@ class Generation:
                 for chunk in await self._accept(item):
                     self.last_activity = time.monotonic()
                     if chunk.index == 0 and self.client.router is not None:
-                        await self.client.router.first_token(self.request_id)
+                        self.client.first_token(self.request_id)
                     if not self.worker_id:
                         self.worker_id = chunk.worker_id  # pool routing: learn who pulled it
                     self.generated.extend(chunk.token_ids)
@@ -216,6 +216,7 @@ class FleetClient:
         self.cfg = cfg or ClientConfig()
         self._on_route = on_route
         self.active: dict[str, Generation] = {}
+        self._background: set[asyncio.Task[None]] = set()  # prefill releases in flight
         self._watchdog: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -307,6 +308,20 @@ class FleetClient:
         view = self._view(worker_id) if worker_id else None
         if view is not None:
             view.in_flight = max(view.in_flight + delta, 0)
+
+    def first_token(self, request_id: str) -> None:
+        """Release the prefill part of a reservation, off the token path: a slow or lost Redis
+        never delays nor fails a stream (the reservation expires on its own)."""
+        task = asyncio.create_task(self._first_token(request_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _first_token(self, request_id: str) -> None:
+        assert self.router is not None
+        try:
+            await self.router.first_token(request_id)
+        except Exception as exc:
+            log.warning("release_failed", request_id=request_id, part="prefill", error=str(exc))
 
     async def release(self, gen: Generation) -> None:
         """Forget ``gen``: its reservation, in-flight count and token subscription (idempotent)."""

@@ -52,6 +52,7 @@ from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from router.kv.keys import LEADER_TTL_MS, KvKeys
 from router.kv.redis_index import AppliedLater, ApplyItem, RedisPrefixIndex
+from router.kv.resp import REDIS_UNREACHABLE
 from router.kv.translate import (
     EventTranslator,
     IndexOp,
@@ -63,6 +64,9 @@ from router.kv.translate import (
 from schemas import ControlRequest, ModelCard, Subjects, WireDecodeError, decode, encode
 from schemas.kv_events import BlockRemoved, IndexSnapshot
 from schemas.streams import KV_SNAPSHOT_STORE, MODELS_BUCKET
+
+_BACKOFF_FIRST_S = 0.25  # Redis unreachable: first wait before leading again
+_BACKOFF_MAX_S = 5.0
 
 log = structlog.get_logger("jetfleet.indexer")
 
@@ -162,9 +166,15 @@ class Indexer:
 
     # ------------------------------------------------------------------ leadership
     async def acquire(self) -> bool:
+        """Take the lock, or keep it: after a failover the new primary may hold this
+        indexer's own lock (replicated), which is still its to renew."""
+        if await self.redis.set(
+            self.keys.leader, self.cfg.indexer_id, nx=True, px=self.cfg.leader_ttl_ms
+        ):
+            return True
         return bool(
-            await self.redis.set(
-                self.keys.leader, self.cfg.indexer_id, nx=True, px=self.cfg.leader_ttl_ms
+            await self._renew(
+                keys=[self.keys.leader], args=[self.cfg.indexer_id, self.cfg.leader_ttl_ms]
             )
         )
 
@@ -210,22 +220,36 @@ class Indexer:
                 await asyncio.wait({work})
 
     async def _run(self, stop: asyncio.Event, halt: asyncio.Event) -> None:
+        backoff = _BACKOFF_FIRST_S
         while not (stop.is_set() or halt.is_set()):
-            if not await self.acquire():
-                self.metrics.leader.set(0)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_first(stop, halt), self.cfg.leader_ttl_ms / 2000)
-                continue
-            self.metrics.leader.set(1)
-            self.log.info("indexer_leading")
-            lost = asyncio.Event()
-            keeper = asyncio.create_task(self._keep_leadership(lost))
             try:
-                await self._consume(stop, lost, halt)
-            finally:
-                keeper.cancel()
-                self.metrics.leader.set(0)
-                await self.release_leadership()
+                await self._lead_once(stop, halt)
+                backoff = _BACKOFF_FIRST_S
+            except REDIS_UNREACHABLE as exc:
+                # an outage or a Sentinel failover: wait, then resume from the position stored
+                # with the index (a failover's replica holds both, consistent with each other)
+                self.log.warning("indexer_redis_unavailable", error=str(exc), retry_s=backoff)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_first(stop, halt), backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+
+    async def _lead_once(self, stop: asyncio.Event, halt: asyncio.Event) -> None:
+        """Wait for the lock, or lead until stopped or the lock is lost."""
+        if not await self.acquire():
+            self.metrics.leader.set(0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(_first(stop, halt), self.cfg.leader_ttl_ms / 2000)
+            return
+        self.metrics.leader.set(1)
+        self.log.info("indexer_leading")
+        lost = asyncio.Event()
+        keeper = asyncio.create_task(self._keep_leadership(lost))
+        try:
+            await self._consume(stop, lost, halt)
+        finally:
+            keeper.cancel()
+            self.metrics.leader.set(0)
+            await self.release_leadership()
 
     async def restore_snapshot(self) -> int:
         """Load the latest snapshot into an empty index; returns its sequence (0: none used)."""

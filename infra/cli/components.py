@@ -23,6 +23,10 @@ from workers.engines.vllm.config import VllmEngineConfig
 
 DEFAULT_NATS = os.environ.get("JETFLEET_NATS_URL", "nats://127.0.0.1:14222")
 DEFAULT_REDIS = os.environ.get("JETFLEET_REDIS_URL", "redis://127.0.0.1:16379/0")
+REDIS_HELP = (
+    "Redis URL: redis://, rediss://, unix:// or, for Sentinel, "
+    "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB] (env JETFLEET_REDIS_URL)"
+)
 
 MOCKER = ConfigFlags(
     MockerConfig,
@@ -100,6 +104,7 @@ KV = ConfigFlags(
     "hint_ttl_s",
     "load_report_max_age_s",
     "host_hit_weight",
+    "redis_fallback",
     prefix="kv_",
     title="kv router (--router kv / approx)",
 )
@@ -230,7 +235,11 @@ def add_routing(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--router", choices=POLICY_NAMES, default="kv", help="routing policy (see the README)"
     )
-    g.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
+    g.add_argument(
+        "--redis",
+        default=DEFAULT_REDIS,
+        help=REDIS_HELP,
+    )
     KV.add_to(p)
 
 

@@ -23,6 +23,7 @@ from infra.cli.components import (
     INDEXER,
     KV,
     MOCKER,
+    REDIS_HELP,
     VLLM,
     WORKER,
     add_common,
@@ -66,7 +67,11 @@ def add_commands(sub: Any) -> None:
 
     ix = sub.add_parser("indexer", help="KV indexer: FLEET_KV -> Redis prefix index")
     add_common(ix)
-    ix.add_argument("--redis", default=DEFAULT_REDIS, help="Redis URL (env JETFLEET_REDIS_URL)")
+    ix.add_argument(
+        "--redis",
+        default=DEFAULT_REDIS,
+        help=REDIS_HELP,
+    )
     INDEXER.add_to(ix)
 
     rs = sub.add_parser("router-service", help="route requests NATS clients submit")

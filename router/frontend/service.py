@@ -96,7 +96,8 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         stack.client,
         FrontendMetrics(CollectorRegistry()),
         cfg.frontend_id,
-        stack.redis if cfg.router == "kv" else None,
+        # /ready needs Redis only where routing cannot go on without it
+        stack.redis if cfg.router == "kv" and not cfg.kv.redis_fallback else None,
         tracing,
     )
     sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)

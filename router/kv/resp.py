@@ -9,9 +9,11 @@ callers share the connection without waiting for each other; a cancelled caller'
 and dropped, so the order never slips. Measured: a GET 46 µs p50 instead of 200 µs (uvloop).
 
 Supported: plain TCP or unix-socket connections with an optional username/password and db —
-what ``base.topology.connect_redis`` builds from ``redis://`` and ``unix://`` URLs. For any other
-client (TLS, Sentinel, a custom connection class) ``for_client`` returns None and callers keep
-using redis-py.
+what ``base.connect.connect_redis`` builds from ``redis://`` and ``unix://`` URLs — and the
+primary of a Sentinel-managed client (``redis+sentinel://``): each (re)connection asks the
+client's sentinels where the primary is, and a ``READONLY`` reply (the server was demoted in a
+failover) drops the connection, so the next call finds the new primary. For any other client
+(TLS, a custom connection class) ``for_client`` returns None and callers keep using redis-py.
 
 Errors: a refused or lost connection raises ``redis.exceptions.ConnectionError`` for every call in
 flight (what callers of redis-py already handle) and the next call connects again; error replies
@@ -23,15 +25,34 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
 import hiredis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
+from redis.exceptions import (
+    NoPermissionError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = str | bytes | int | float
+
+# What a lost, refused or demoted Redis raises, through redis-py or this pipe: a routing step or
+# an indexer waits it out (MasterNotFoundError and BusyLoadingError are ConnectionErrors;
+# ReadOnlyError: a primary demoted in a failover).
+REDIS_UNREACHABLE: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ReadOnlyError,
+    OSError,
+    TimeoutError,
+)
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -57,6 +78,12 @@ class _Protocol(asyncio.Protocol):
                 continue
             if isinstance(reply, hiredis.ReplyError):
                 msg = str(reply)
+                if msg.startswith("READONLY") and self.transport is not None:
+                    # a demoted primary: this call and every one after it on this connection
+                    # fail as unreachable, and the next call connects to the primary again
+                    fut.set_exception(RedisConnectionError(f"Redis primary moved: {msg}"))
+                    self.transport.close()
+                    continue
                 fut.set_exception(_ERRORS.get(msg.split(" ", 1)[0], ResponseError)(msg))
             else:
                 fut.set_result(reply)
@@ -101,8 +128,11 @@ class RespPipe:
         db: int = 0,
         username: str | None = None,
         password: str | None = None,
+        locate: Callable[[], Awaitable[tuple[str, int]]] | None = None,
     ) -> None:
+        """``locate``: where the server is now, asked on every (re)connection (Sentinel)."""
         self.host, self.port, self.path = host, port, path
+        self.locate = locate
         self.db, self.username, self.password = db, username, password
         self._proto: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -113,6 +143,14 @@ class RespPipe:
         """A pipe to the server of a redis-py asyncio client, or None if it is not a plain
         TCP / unix-socket one."""
         pool = getattr(redis, "connection_pool", None)
+        if isinstance(pool, SentinelConnectionPool) and pool.is_master:
+            kw = pool.connection_kwargs
+            return cls(
+                db=int(kw.get("db", 0) or 0),
+                username=kw.get("username"),
+                password=kw.get("password"),
+                locate=pool.get_master_address,
+            )
         if pool is None or pool.connection_class not in (Connection, UnixDomainSocketConnection):
             return None
         kw = pool.connection_kwargs
@@ -139,6 +177,11 @@ class RespPipe:
             return self._proto
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        if self.locate is not None:
+            try:
+                self.host, self.port = await self.locate()
+            except (RedisError, OSError) as exc:
+                raise RedisConnectionError(f"Redis primary unknown: {exc}") from exc
         try:
             if self.path:
                 conn = loop.create_unix_connection(_Protocol, self.path)

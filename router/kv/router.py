@@ -23,6 +23,11 @@ simulated time (``tests/bench/routing_sim.py --sweep``) confirmed live on the ro
 benchmark (tests/bench/README.md): 81% of prompt tokens from cache, TTFT p50 57 ms against
 round-robin's 66 ms.
 
+While Redis is unreachable (an outage, a Sentinel failover: ``redis_fallback``, on by default),
+``kv`` keeps routing with the same cost over what this router knows alone (its routes of the last
+``hint_ttl_s`` as the overlap, the workers' reported load and its own in-memory reservations),
+as policy ``kv-fallback`` in the decision; the first route that reaches Redis again ends it.
+
 ``approx`` — for fleets whose engines publish no KV events: the same cost, but the overlap comes
 from an in-process index of where this router sent each prefix in the last ``approx_ttl_s``
 seconds (assumed cached there), and the load from this router's own in-flight count.
@@ -36,12 +41,17 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import structlog
+
 from router.fleet_state import WorkerView
 from router.kv.index import InMemoryPrefixIndex, PrefixIndex
+from router.kv.resp import REDIS_UNREACHABLE
 from router.kv.routing import CandidateLoad, RouteCall, pick, route_cost
 from router.kv.translate import RemoveOp, StoreOp, fleet_hashes_for_prompt
 from router.policies import RouteQuery
 from schemas import RouteCandidate, RouteDecision
+
+log = structlog.get_logger("jetfleet.router.kv")
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,10 @@ class KvRouterConfig:
     """kv: a prompt block in a worker's host-memory tier counts as this fraction of a GPU hit
     (loading it back over PCIe costs about a quarter of recomputing it; 0: tiers ignored)."""
     load_report_max_age_s: float = 5.0  # older reports are ignored
+    redis_fallback: bool = True
+    """kv: while Redis is unreachable (an outage, a Sentinel failover), route by the workers'
+    reported load and this router's recent routes (policy ``kv-fallback``) instead of failing
+    requests with 503; off: a clear 503 ``routing_unavailable``."""
 
 
 def _blocks(n_tokens: int, block_size: int) -> int:
@@ -111,6 +125,9 @@ class KvRouter:
         self.cfg = cfg or KvRouterConfig()
         self._rng = random.Random(seed)
         self._recent = RecentRoutes(self.cfg.hint_ttl_s)
+        self._fallback_ids: set[str] = set()  # routed while Redis was away: reserved in memory
+        self.fallbacks = 0
+        self._redis_down = False
 
     async def warm(self) -> None:
         """Get the index ready for the first request (scripts loaded, connection open)."""
@@ -150,7 +167,23 @@ class KvRouter:
             ttl_ms=int(self.cfg.reservation_ttl_s * 1000),
             host_weight=self.cfg.host_hit_weight,
         )
-        out = await self.index.route(call)
+        policy = self.name
+        try:
+            out = await self.index.route(call)
+            if self._redis_down:
+                self._redis_down = False
+                log.info("kv_routing_restored", fallbacks=self.fallbacks)
+        except REDIS_UNREACHABLE as exc:
+            if not self.cfg.redis_fallback:
+                raise
+            if not self._redis_down:
+                self._redis_down = True
+                log.warning("kv_routing_by_load", reason="redis unreachable", error=str(exc))
+            # the same cost, over this router's own recent routes and reservations
+            out = await self._recent.index.route(call)
+            self._fallback_ids.add(query.request_id)
+            self.fallbacks += 1
+            policy = "kv-fallback"
         if self.cfg.hint_ttl_s:
             await self._recent.record(now, query.model, out.winner, hashes)
         cands = tuple(
@@ -160,13 +193,20 @@ class KvRouter:
             )
         )
         return RouteDecision(
-            self.name, out.winner, cands, decision_us=(time.perf_counter() - t0) * 1e6
+            policy, out.winner, cands, decision_us=(time.perf_counter() - t0) * 1e6
         )
 
     async def first_token(self, request_id: str) -> None:
+        if request_id in self._fallback_ids:
+            await self._recent.index.release(request_id, prefill_only=True)
+            return
         await self.index.release(request_id, prefill_only=True)
 
     async def finished(self, request_id: str) -> None:
+        if request_id in self._fallback_ids:
+            self._fallback_ids.discard(request_id)
+            await self._recent.index.release(request_id)
+            return
         await self.index.release(request_id)
 
 

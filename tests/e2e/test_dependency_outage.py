@@ -1,4 +1,6 @@
-"""Redis goes away under a kv frontend: clear 503s and not-ready, then recovery on its own."""
+"""Redis goes away under a kv frontend. By default routing goes on by load (policy
+``kv-fallback``) and the frontend stays ready; with ``--no-kv-redis-fallback`` the requests get
+clear 503s and the frontend says it is not ready. Either way it recovers on its own."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import pytest
 
 from infra.embedded import EmbeddedRedis
 from tests.e2e.fleet import Fleet
+from tests.e2e.test_fleet_lifecycle import Observations
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -14,7 +17,7 @@ pytestmark = pytest.mark.integration
 M = "jetfleet-tiny"
 
 
-async def test_redis_outage_gives_503_then_recovers(nats_server, tmp_path):
+async def test_redis_outage_routes_by_load_then_by_cache_again(nats_server, tmp_path):
     redis = EmbeddedRedis(tmp_path / "redis", port=0)
     redis.start()
     f = Fleet(nats_server.url, tmp_path / "logs", redis_url=redis.url)
@@ -22,6 +25,38 @@ async def test_redis_outage_gives_503_then_recovers(nats_server, tmp_path):
         f.add_worker()
         f.start_indexer()
         f.start_frontend("--router", "kv")
+        body = {"model": M, "prompt": "hello", "max_tokens": 2}
+        url = f"{f.base_url}/v1/completions"
+        async with Observations(f) as obs, httpx.AsyncClient(timeout=30) as client:
+            assert (await client.post(url, json=body)).status_code == 200
+            redis.stop()
+            for _ in range(3):
+                r = await client.post(url, json=body)
+                assert r.status_code == 200, r.text
+            assert (await client.get(f"{f.base_url}/ready")).status_code == 200
+            await wait_for(lambda: len(obs.items) >= 4, timeout=10)
+            policies = [o.route.policy for o in obs.items if o.route is not None]
+            assert policies[0] == "kv" and policies[1:4] == ["kv-fallback"] * 3, policies
+            redis.start()  # same port
+
+            async def by_cache() -> bool:
+                r = await client.post(url, json=body)
+                return r.status_code == 200 and obs.items[-1].route.policy == "kv"
+
+            await wait_for(by_cache, timeout=20, interval=0.5)
+    finally:
+        f.stop()
+        redis.stop()
+
+
+async def test_without_the_fallback_an_outage_gives_503_then_recovers(nats_server, tmp_path):
+    redis = EmbeddedRedis(tmp_path / "redis", port=0)
+    redis.start()
+    f = Fleet(nats_server.url, tmp_path / "logs", redis_url=redis.url)
+    try:
+        f.add_worker()
+        f.start_indexer()
+        f.start_frontend("--router", "kv", "--no-kv-redis-fallback")
         body = {"model": M, "prompt": "hello", "max_tokens": 2}
         async with httpx.AsyncClient(timeout=30) as client:
             url = f"{f.base_url}/v1/completions"

@@ -111,3 +111,27 @@ def test_the_image_holds_every_package_and_runs_as_non_root() -> None:
     assert packages and all(f"COPY {p} {p}" in dockerfile for p in packages)
     users = re.findall(r"^USER (\S+)", dockerfile, re.M)
     assert users and users[-1] not in ("root", "0")
+
+
+def test_redis_has_a_replica_and_sentinels_the_fleet_finds_it_through() -> None:
+    """Two Redis pods, three sentinels with a quorum of two, and the fleet's Redis URL names
+    the sentinels' Service and the monitored service; the start scripts are valid sh."""
+    import subprocess
+
+    from base.connect import parse_sentinel_url
+
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in documents()}
+    assert docs[("StatefulSet", "redis")]["spec"]["replicas"] == 2
+    assert docs[("StatefulSet", "redis-sentinel")]["spec"]["replicas"] == 3
+    url = docs[("ConfigMap", "jetfleet-env")]["data"]["JETFLEET_REDIS_URL"]
+    parsed = parse_sentinel_url(url)
+    [(host, port)] = parsed.sentinels
+    sentinel_svc = docs[("Service", host)]
+    assert port in [p["port"] for p in sentinel_svc["spec"]["ports"]]
+    scripts = docs[("ConfigMap", "redis-ha")]["data"]
+    assert f"sentinel monitor {parsed.service} " in scripts["start-sentinel.sh"]
+    assert " 2\n" in scripts["start-sentinel.sh"].split("sentinel monitor")[1]  # quorum
+    assert f"get-master-addr-by-name {parsed.service}" in scripts["start-redis.sh"]
+    for name, text in scripts.items():
+        checked = subprocess.run(["sh", "-n"], input=text, text=True, capture_output=True)
+        assert checked.returncode == 0, (name, checked.stderr)

@@ -1,0 +1,168 @@
+"""The fleet on Redis with a replica and Sentinel (``redis+sentinel://``): a primary, a replica
+and three sentinels on loopback. Both clients (redis-py's and the routing hot path's lean pipe)
+find the primary through the sentinels, and find the new one after a failover."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from base.connect import connect_nats, connect_redis, parse_sentinel_url
+from router.kv.keys import KvKeys
+from router.kv.resp import RespPipe
+from schemas import Subjects
+from tests.helpers import wait_for
+from tests.redis_ha import SERVICE, RedisHA
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def ha(tmp_path) -> Iterator[RedisHA]:
+    h = RedisHA(tmp_path / "ha")
+    h.start()
+    try:
+        yield h
+    finally:
+        h.stop()
+
+
+def test_sentinel_urls_parse() -> None:
+    got = parse_sentinel_url("redis+sentinel://:pw@a:1,b:2/svc/3")
+    assert got.sentinels == [("a", 1), ("b", 2)] and got.service == "svc"
+    assert (got.db, got.username, got.password) == (3, None, "pw")
+    assert parse_sentinel_url("redis+sentinel://a/svc").sentinels == [("a", 26379)]
+    for bad in ("redis+sentinel://a:1", "redis+sentinel:///svc", "redis+sentinel://a:x/s"):
+        with pytest.raises(ValueError, match="redis\\+sentinel"):
+            parse_sentinel_url(bad)
+
+
+async def test_both_clients_follow_the_primary_through_a_failover(ha: RedisHA) -> None:
+    redis = await connect_redis(ha.url)
+    pipe = RespPipe.for_client(redis)
+    assert pipe is not None  # the lean pipe serves Sentinel clients too
+    try:
+        await redis.set("k", "before")
+        assert await pipe.call("GET", "k") == b"before"
+        old = ha.kill_primary()
+        t0 = time.monotonic()
+
+        async def promoted() -> int | None:
+            port = ha.primary()
+            return port if port not in (None, old) else None
+
+        new = await wait_for(promoted, timeout=30)
+        promotion_s = time.monotonic() - t0
+        assert new != old and promotion_s < 15
+
+        async def both_write() -> bool:
+            try:
+                await redis.set("k", "after")
+                return await pipe.call("GET", "k") == b"after"
+            except Exception:
+                return False
+
+        await wait_for(both_write, timeout=15)
+        info = await redis.info("server")
+        assert int(info["tcp_port"]) == new
+    finally:
+        pipe.close()
+        await redis.aclose()
+
+
+def test_service_name_is_the_urls(ha: RedisHA) -> None:
+    assert parse_sentinel_url(ha.url).service == SERVICE
+    assert asyncio.run(_ping(ha.url))
+
+
+async def _ping(url: str) -> bool:
+    r = await connect_redis(url)
+    try:
+        return bool(await r.ping())
+    finally:
+        await r.aclose()
+
+
+async def test_routing_goes_on_through_a_failover_and_the_index_is_whole_after(
+    ha: RedisHA, nats_server, tmp_path
+) -> None:
+    """kv routing on Sentinel under load (c=8); the primary is killed. Every request is
+    answered in full; after the promotion the indexer writes to the new primary and a repeated
+    prefix is found there again."""
+    import httpx
+
+    from tests.e2e.fleet import Fleet
+
+    fleet = Fleet(nats_server.url, tmp_path / "logs", redis_url=ha.url)
+    statuses: list[int] = []
+    try:
+        fleet.add_worker("--speedup", "20")
+        fleet.add_worker("--speedup", "20")
+        fleet.start_indexer()
+        fleet.start_frontend("--router", "kv")
+        url = f"{fleet.base_url}/v1/completions"
+        stop = asyncio.Event()
+
+        async def client_loop(i: int, http: httpx.AsyncClient) -> None:
+            n = 0
+            while not stop.is_set():
+                prompt = f"conversation {i % 4}: " + "the same long prefix " * 40 + str(n)
+                body = {"model": "jetfleet-tiny", "prompt": prompt, "max_tokens": 8}
+                r = await http.post(url, json=body)
+                statuses.append(r.status_code)
+                if r.status_code == 200:
+                    assert r.json()["usage"]["completion_tokens"] == 8
+                n += 1
+
+        async with httpx.AsyncClient(timeout=60) as http:
+            loops = [asyncio.create_task(client_loop(i, http)) for i in range(8)]
+            await wait_for(lambda: len(statuses) >= 50, timeout=30)
+            old = ha.kill_primary()
+            killed_at = time.monotonic()
+            new = await wait_for(lambda: (p := ha.primary()) not in (None, old) and p, timeout=30)
+            promotion_s = time.monotonic() - killed_at
+            during = len(statuses)
+            await wait_for(lambda: len(statuses) >= during + 100, timeout=60)
+            stop.set()
+            await asyncio.gather(*loops)
+
+            # the index lives on the new primary: a prompt served twice is found cached there
+            prompt = "after the failover " * 60
+            body = {"model": "jetfleet-tiny", "prompt": prompt, "max_tokens": 1}
+
+            async def cached() -> bool:
+                r = await http.post(url, json=body)
+                return (
+                    r.status_code == 200
+                    and r.json()["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+                    > 0
+                )
+
+            await wait_for(cached, timeout=20)
+        # whole: the indexer (still the one process) applied the whole stream on the new primary
+        assert fleet.group.children["indexer"].proc.poll() is None
+        nc = await connect_nats(fleet.nats_url, name="test-kv-tail")
+        redis = await connect_redis(ha.url)
+        try:
+            stream = Subjects(fleet.prefix).stream_name("KV")
+            tail = (await nc.jetstream().stream_info(stream)).state.last_seq
+            pos = KvKeys.for_prefix(fleet.prefix).pos
+
+            async def caught_up() -> bool:
+                return int(await redis.hget(pos, "seq") or 0) >= tail
+
+            await wait_for(caught_up, timeout=30)
+        finally:
+            await redis.aclose()
+            await nc.close()
+        errors = [s for s in statuses if s != 200]
+        print(
+            f"\nsentinel failover: primary {old} -> {new} promoted in {promotion_s:.2f}s; "
+            f"{len(statuses)} requests, {len(errors)} not 200 {sorted(set(errors))}"
+        )
+        assert not errors, f"{len(errors)} of {len(statuses)} requests failed: {set(errors)}"
+    finally:
+        fleet.stop()
