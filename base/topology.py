@@ -145,7 +145,11 @@ async def _stream_info_or_none(js: JetStreamContext, name: str) -> api.StreamInf
         return None
 
 
-async def ensure_stream(js: JetStreamContext, spec: StreamSpec, report: TopologyReport) -> None:
+async def ensure_stream(
+    js: JetStreamContext, spec: StreamSpec, report: TopologyReport, keep_replicas: bool = False
+) -> None:
+    """Create the stream, or bring it to ``spec``; ``keep_replicas``: an existing stream keeps
+    the replica count it has (what ``infra init --replicas`` chose)."""
     want = stream_config(spec)
     info = await _stream_info_or_none(js, spec.name)
     if info is None:
@@ -157,6 +161,8 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec, report: Topology
         except BadRequestError:  # a sibling created it with another config meanwhile
             info = await js.stream_info(spec.name)
     _check_storage(spec.name, info.config, _storage(spec.storage))
+    if keep_replicas:
+        want.num_replicas = info.config.num_replicas
     wanted = {k: getattr(want, k) for k in ("subjects", *_STREAM_MUTABLE)}
     diff = stream_differences(info.config, wanted)
     if not diff:
@@ -167,10 +173,14 @@ async def ensure_stream(js: JetStreamContext, spec: StreamSpec, report: Topology
     log.info("stream_updated", stream=spec.name, fields=diff)
 
 
-async def ensure_bucket(js: JetStreamContext, spec: BucketSpec, report: TopologyReport) -> None:
+async def ensure_bucket(
+    js: JetStreamContext, spec: BucketSpec, report: TopologyReport, keep_replicas: bool = False
+) -> None:
     key, stream = f"kv:{spec.name}", KV_STREAM.format(spec.name)
     wanted = kv_stream_settings(spec)
     info = await _stream_info_or_none(js, stream)
+    if info is not None and keep_replicas:
+        wanted["num_replicas"] = info.config.num_replicas
     if info is None:
         await js.create_key_value(
             api.KeyValueConfig(
@@ -210,11 +220,13 @@ async def _update_backing_stream(
 
 
 async def ensure_object_store(
-    js: JetStreamContext, spec: ObjectStoreSpec, report: TopologyReport
+    js: JetStreamContext, spec: ObjectStoreSpec, report: TopologyReport, keep_replicas: bool = False
 ) -> None:
     key, stream = f"obj:{spec.name}", OBJ_STREAM.format(spec.name)
-    wanted = {"description": spec.description, "num_replicas": spec.replicas}
+    wanted: dict[str, Any] = {"description": spec.description, "num_replicas": spec.replicas}
     info = await _stream_info_or_none(js, stream)
+    if info is not None and keep_replicas:
+        wanted["num_replicas"] = info.config.num_replicas
     if info is None:
         await js.create_object_store(
             spec.name,
@@ -231,17 +243,22 @@ async def ensure_object_store(
 
 
 async def ensure_topology(
-    js: JetStreamContext, subjects: Subjects, replicas: int = 1
+    js: JetStreamContext, subjects: Subjects, replicas: int | None = None
 ) -> TopologyReport:
-    """Create or update every stream, bucket and object store of the fleet ``subjects`` names."""
-    topo = fleet_topology(subjects, replicas)
+    """Create or update every stream, bucket and object store of the fleet ``subjects`` names.
+
+    ``replicas``: what ``jetfleet infra init --replicas`` sets. Every component also calls this
+    on start with ``None``: what is missing is created with one replica, and what exists keeps
+    its replica count (a component must never turn a cluster's R3 streams into R1)."""
+    keep = replicas is None
+    topo = fleet_topology(subjects, replicas or 1)
     report = TopologyReport()
     for spec in topo.streams:
-        await ensure_stream(js, spec, report)
+        await ensure_stream(js, spec, report, keep)
     for bucket in topo.buckets:
-        await ensure_bucket(js, bucket, report)
+        await ensure_bucket(js, bucket, report, keep)
     for store in topo.object_stores:
-        await ensure_object_store(js, store, report)
+        await ensure_object_store(js, store, report, keep)
     return report
 
 
