@@ -24,6 +24,42 @@ from schemas.streams import WORKERS_BUCKET
 log = structlog.get_logger("jetfleet.workers")
 
 
+class Hearing:
+    """Whether the workers' heartbeats reach this process at all, and since when. Pure.
+
+    A worker is gone when no heartbeat came for its TTL. But on a NATS cluster the workers
+    bucket can be without a stream leader for several seconds after a node is lost (an
+    election), and then every worker's heartbeat fails at once: expiring them all would
+    migrate every request to nowhere and drop live workers from the index. So while no
+    heartbeat from any worker has arrived for a TTL, the silence is the bucket's, not the
+    workers', and nobody is expired, for at most ``max_deaf_s``; when heartbeats come again
+    (``since``) each worker gets a full TTL from then to be heard. A worker that dies while
+    others beat is expired after its TTL as before; when every worker dies at once (nothing
+    to migrate to anyway) they expire after ``max_deaf_s``."""
+
+    def __init__(self, max_deaf_s: float = 30.0) -> None:
+        self.max_deaf_s = max_deaf_s
+        self.last_heard = float("-inf")
+        self.since = float("-inf")  # when heartbeats came again after a deaf spell
+        self.deaf = False
+
+    def heard(self, now: float) -> None:
+        if self.deaf:
+            self.deaf = False
+            self.since = now
+            log.info("heartbeats_heard_again")
+        self.last_heard = now
+
+    def may_expire(self, now: float, ttl_s: float) -> bool:
+        silent = now - self.last_heard
+        if self.last_heard == float("-inf") or silent <= ttl_s or silent > self.max_deaf_s:
+            return True
+        if not self.deaf:
+            self.deaf = True
+            log.warning("no_heartbeat_from_any_worker", silent_s=round(silent, 2))
+        return False
+
+
 def ready_counts(
     regs: dict[str, WorkerRegistration],
     model: str,
@@ -62,6 +98,7 @@ class WorkerWatch:
         self._expire_every_s = expire_every_s
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: KeyValue.KeyWatcher | None = None
+        self.hearing = Hearing()
 
     async def start(self) -> None:
         kv = await self.js.key_value(self.subjects.bucket_name(WORKERS_BUCKET))
@@ -109,6 +146,7 @@ class WorkerWatch:
                 continue  # a stale entry left by a dead worker
             known = entry.key in self.live
             self.live[entry.key] = time.monotonic()
+            self.hearing.heard(self.live[entry.key])
             if not known and self._on_joined is not None:
                 self._on_joined(entry.key)
 
@@ -116,7 +154,12 @@ class WorkerWatch:
         while True:
             await asyncio.sleep(self._expire_every_s)
             now = time.monotonic()
-            for worker_id, seen in list(self.live.items()):
-                reg = self.regs.get(worker_id)
-                if reg is None or now - seen > reg.ttl_s:
+            gone = [
+                worker_id
+                for worker_id, seen in self.live.items()
+                if (reg := self.regs.get(worker_id)) is None
+                or now - max(seen, self.hearing.since) > reg.ttl_s
+            ]
+            if gone and self.hearing.may_expire(now, min(r.ttl_s for r in self.regs.values())):
+                for worker_id in gone:
                     self._gone(worker_id, "expired")

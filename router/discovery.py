@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from base.worker_watch import Hearing
 from model.tokenizer import ModelTokenizer
 from router.fleet_state import FleetState
 from schemas import ModelCard, WireDecodeError, WorkerLoad, WorkerRegistration, decode
@@ -66,6 +67,7 @@ class Discovery:
         self._watchers: list[Any] = []
         self._sub: Subscription | None = None
         self.synced = asyncio.Event()
+        self.hearing = Hearing()
 
     async def start(self) -> None:
         s = self.subjects
@@ -107,7 +109,7 @@ class Discovery:
             now = time.monotonic()
             if entry.operation in ("DEL", "PURGE") or not entry.value:
                 if self.state.remove(entry.key) is not None:
-                    log.info("worker_left", worker_id=entry.key)
+                    log.info("worker_left", worker_id=entry.key, op=entry.operation)
                     self._on_gone(entry.key)
                 continue
             try:
@@ -119,6 +121,7 @@ class Discovery:
                 continue  # a stale entry left by a dead worker
             known = entry.key in self.state.workers
             self.state.upsert(reg, now)
+            self.hearing.heard(now)
             if not known:
                 log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
                 self._on_joined(reg.worker_id)
@@ -156,8 +159,16 @@ class Discovery:
         self.state.apply_load(load, time.monotonic())
 
     async def _prune_loop(self) -> None:
+        hearing = self.hearing
         while True:
             await asyncio.sleep(self._prune_interval_s)
-            for worker_id in self.state.prune(time.monotonic()):
+            now = time.monotonic()
+            due = self.state.due(now, hearing.since)
+            if not due:
+                continue
+            ttl = min(v.reg.ttl_s for v in self.state.workers.values())
+            if not hearing.may_expire(now, ttl):
+                continue  # no worker is heard: the bucket's silence, not theirs
+            for worker_id in self.state.prune(now, hearing.since):
                 log.warning("worker_expired", worker_id=worker_id)
                 self._on_gone(worker_id)

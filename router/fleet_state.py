@@ -56,8 +56,15 @@ class FleetState:
             view.load = load
             view.load_at = now
 
-    def prune(self, now: float) -> list[str]:
-        gone = [w for w, v in self.workers.items() if now - v.seen_at > v.reg.ttl_s]
+    def due(self, now: float, heard_since: float = float("-inf")) -> list[str]:
+        """Workers not heard for their TTL, counting from ``heard_since`` at the earliest (when
+        heartbeats could land again after an outage of the workers bucket)."""
+        return [
+            w for w, v in self.workers.items() if now - max(v.seen_at, heard_since) > v.reg.ttl_s
+        ]
+
+    def prune(self, now: float, heard_since: float = float("-inf")) -> list[str]:
+        gone = self.due(now, heard_since)
         for w in gone:
             del self.workers[w]
         return gone
