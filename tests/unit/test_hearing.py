@@ -1,0 +1,44 @@
+"""When discovery may expire workers: not while no worker at all is heard (the bucket's silence),
+for at most max_deaf_s; after it each worker gets a full TTL from when heartbeats came again."""
+
+from __future__ import annotations
+
+from base.worker_watch import Hearing
+from router.fleet_state import FleetState
+from schemas import WorkerRegistration
+
+
+def reg(worker_id: str) -> WorkerRegistration:
+    return WorkerRegistration(worker_id, "m", "agg", "mocker", 8, 100, 16, ttl_s=4.0)
+
+
+def test_one_silent_worker_among_beating_ones_expires_after_its_ttl() -> None:
+    h = Hearing(max_deaf_s=30.0)
+    h.heard(10.0)  # the other worker keeps beating
+    assert h.may_expire(now=12.0, ttl_s=4.0)
+
+
+def test_a_silence_of_every_worker_defers_expiry_up_to_the_bound() -> None:
+    h = Hearing(max_deaf_s=30.0)
+    h.heard(0.0)
+    assert h.may_expire(now=3.9, ttl_s=4.0)  # within a TTL: nothing is due anyway
+    assert not h.may_expire(now=5.0, ttl_s=4.0)  # nobody heard for a TTL: the bucket's fault
+    assert not h.may_expire(now=29.0, ttl_s=4.0)
+    assert h.may_expire(now=31.0, ttl_s=4.0)  # past the bound: they are gone after all
+
+
+def test_after_a_deaf_spell_each_worker_gets_a_full_ttl_from_when_beats_resume() -> None:
+    h = Hearing()
+    state = FleetState()
+    state.upsert(reg("a"), 0.0)
+    state.upsert(reg("b"), 0.0)
+    h.heard(0.0)
+    assert not h.may_expire(now=8.0, ttl_s=4.0)
+    state.upsert(reg("a"), 8.0)  # a's beat lands again, b's not yet
+    h.heard(8.0)
+    assert h.since == 8.0
+    assert state.due(now=10.0, heard_since=h.since) == []  # b has until 12
+    state.upsert(reg("a"), 11.0)
+    h.heard(11.0)
+    assert state.due(now=12.5, heard_since=h.since) == ["b"]
+    assert h.may_expire(now=12.5, ttl_s=4.0)
