@@ -23,7 +23,12 @@ from nats.aio.client import Client as NATS
 log = structlog.get_logger("jetfleet.nats")
 
 
-def _nats_callbacks(name: str, client: list[NATS]) -> dict[str, Callable[..., Awaitable[None]]]:
+Hook = Callable[[], Awaitable[None]]
+
+
+def _nats_callbacks(
+    name: str, client: list[NATS], on_reconnect: list[Hook] | None = None
+) -> dict[str, Callable[..., Awaitable[None]]]:
     async def error_cb(exc: Exception) -> None:
         log.warning("nats_error", client=name, error=repr(exc))
 
@@ -35,6 +40,11 @@ def _nats_callbacks(name: str, client: list[NATS]) -> dict[str, Callable[..., Aw
     async def reconnected_cb() -> None:
         nc = client[0] if client else None
         log.info("nats_reconnected", client=name, url=str(nc.connected_url) if nc else None)
+        for hook in on_reconnect or ():
+            try:
+                await hook()
+            except Exception as exc:  # a hook must not break the client's callbacks
+                log.warning("reconnect_hook_failed", client=name, error=repr(exc))
 
     async def closed_cb() -> None:
         log.debug("nats_closed", client=name)
@@ -74,10 +84,15 @@ def nats_security_options(env: dict[str, str] | None = None) -> dict[str, Any]:
     return opts
 
 
-async def connect_nats(url: str, name: str, **kw: Any) -> NATS:
+async def connect_nats(
+    url: str, name: str, on_reconnect: list[Hook] | None = None, **kw: Any
+) -> NATS:
     """Connect with endless reconnects (0.5 s apart) and structlog'd connection events.
 
+    ``url`` may list several servers of a cluster, comma-separated (``nats://a:4222,nats://b:4222``):
+    the client connects to any and reconnects to the others (and to those the cluster announces).
     Credentials and TLS come from the URL and the environment (``nats_security_options``).
+    ``on_reconnect``: coroutines run after every reconnect (a list the caller may fill later).
     ``kw`` overrides any option of ``nats.connect`` (including the callbacks).
     """
     client: list[NATS] = []
@@ -89,11 +104,12 @@ async def connect_nats(url: str, name: str, **kw: Any) -> NATS:
         "ping_interval": 20,
         "max_outstanding_pings": 3,
         "pending_size": 64 << 20,  # reconnect buffer: what we publish while disconnected
-        **_nats_callbacks(name, client),
+        **_nats_callbacks(name, client, on_reconnect),
         **nats_security_options(),
         **kw,
     }
-    nc = await nats.connect(url, **opts)
+    servers = [u.strip() for u in url.split(",") if u.strip()]  # a cluster: any of its nodes
+    nc = await nats.connect(servers if len(servers) > 1 else url, **opts)
     client.append(nc)
     return nc
 

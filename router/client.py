@@ -25,7 +25,10 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
+from nats.js.errors import NoStreamResponseError
 
 from router.fleet_state import FleetState, WorkerView
 from router.policies import RouteQuery, Router
@@ -62,6 +65,10 @@ class ClientConfig:
     max_attempts: int = 3  # first try + migrations
     max_waiting_per_worker: int = 64  # shed when every worker holds capacity + this
     wait_for_worker_s: float = 5.0  # with no live worker for the model, wait this long, then 503
+    publish_retry_s: float = 10.0
+    """A request the stream does not confirm (its leader moved: a NATS node lost, an election)
+    is published again, with backoff, for up to this long before the client hears 503 (the
+    message id makes a retry of a stored one a no-op)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +260,19 @@ class FleetClient:
         headers = {"Nats-Msg-Id": routed_msg_id(req.request_id, req.attempt)}
         if gen.traceparent:
             headers[TRACE_HEADER] = gen.traceparent
-        await self.js.publish(subject, encode(req), headers=headers)
+        payload = encode(req)
+        deadline = time.monotonic() + self.cfg.publish_retry_s
+        delay = 0.05
+        while True:
+            try:
+                await self.js.publish(subject, payload, headers=headers)
+                break
+            except (NoRespondersError, NoStreamResponseError, NatsTimeoutError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("publish_retry", request_id=req.request_id, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
         gen.last_activity = time.monotonic()
 
     async def route_request(self, request: Request) -> tuple[str, RouteDecision | None]:
@@ -412,16 +431,35 @@ class FleetClient:
                     gen.queue.put_nowait(_Migrate("stalled"))
                     gen.last_activity = now
 
+    async def catch_up(self) -> None:
+        """After a NATS reconnect: the chunks published while this process was away reached
+        only FLEET_TOKENS. Each request in flight whose stream holds a chunk it has not seen
+        gets that newest chunk, and the gap before it is filled from the stream as any gap is,
+        so a request whose last chunk was missed ends now, not at its stall timeout."""
+        stream = self.subjects.stream_name("TOKENS")
+        for gen in list(self.active.values()):
+            if gen.done:
+                continue
+            try:
+                last = await self.js.get_last_msg(stream, self.subjects.tok(gen.request_id))
+                chunk = decode(last.data or b"", TokenChunk)
+            except Exception:  # nothing stored for it (yet), or the stream is electing
+                continue
+            if chunk.attempt == gen.request.attempt and chunk.index >= gen.next_index:
+                gen.queue.put_nowait(chunk)
+
     async def recover(self, gen: Generation, upto: int) -> list[TokenChunk] | None:
         """Read chunks ``gen.next_index .. upto-1`` of the current attempt from FLEET_TOKENS."""
         want = set(range(gen.next_index, upto))
         found: dict[int, TokenChunk] = {}
-        sub = await self.js.subscribe(
-            self.subjects.tok(gen.request_id),
-            ordered_consumer=True,
-            deliver_policy=api.DeliverPolicy.ALL,
-        )
-        try:
+        sub = None
+        try:  # any failure (the stream electing a leader, a timeout): None, and it migrates
+            sub = await self.js.subscribe(
+                self.subjects.tok(gen.request_id),
+                stream=self.subjects.stream_name("TOKENS"),
+                ordered_consumer=True,
+                deliver_policy=api.DeliverPolicy.ALL,
+            )
             while want - found.keys():
                 msg = await sub.next_msg(timeout=1.0)
                 chunk = decode(msg.data, TokenChunk)
@@ -431,8 +469,9 @@ class FleetClient:
             log.warning("chunk_recovery_failed", request_id=gen.request_id, error=str(exc))
             return None
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         return [found[i] for i in sorted(found)]
 
 

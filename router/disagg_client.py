@@ -71,6 +71,10 @@ class DisaggClient:
         for c in (self.agg, self.prefill, self.decode):
             c.worker_gone(worker_id)
 
+    async def catch_up(self) -> None:
+        for c in (self.agg, self.prefill, self.decode):
+            await c.catch_up()
+
     async def generate(
         self, request: Request, traceparent: str | None = None
     ) -> Generation | DisaggGeneration:

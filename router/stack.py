@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
 
-from base.connect import close_nats, connect_nats, connect_redis
+from base.connect import Hook, close_nats, connect_nats, connect_redis
 from base.topology import ensure_topology
 from router.client import ClientConfig, FleetClient
 from router.disagg import DisaggConfig
@@ -45,7 +45,8 @@ class RoutingStack:
     @classmethod
     async def open(cls, cfg: StackConfig, name: str) -> RoutingStack:
         """Connect and start; anything opened before a failure is closed again."""
-        nc = await connect_nats(cfg.nats_url, name=name)
+        hooks: list[Hook] = []
+        nc = await connect_nats(cfg.nats_url, name=name, on_reconnect=hooks)
         redis: aioredis.Redis | None = None
         try:
             await ensure_topology(nc.jetstream(), cfg.subjects)
@@ -62,6 +63,7 @@ class RoutingStack:
             await close_nats(nc)
             raise
         client.start()
+        hooks.append(client.catch_up)  # chunks published while this process was away
         return cls(nc, redis, state, router, client, discovery)
 
     async def close(self) -> None:
