@@ -30,7 +30,8 @@ class WorkerConfig:
     flush_interval_s: float = 0.005  # longest a token waits before it is published (light load)
     max_flush_interval_s: float = 0.02  # ... under a full batch (see WorkerRuntime.flush_interval)
     flush_batch_unit: int = 16  # the window grows by flush_interval_s per this many requests
-    ack_wait_s: float = 30.0  # JetStream redelivers a request not touched for this long
+    ack_wait_s: float = 10.0  # JetStream redelivers a request not touched for this long (a
+    # delivery lost in a NATS failover comes again after it; running ones are touched every third)
     drain_timeout_s: float = 60.0  # SIGTERM: longest wait for in-flight requests
     max_pending_requests: int = 1024  # un-acked routed requests the server may push at once
     metrics_port: int = 0  # Prometheus /metrics, /health, /ready; 0 = off, -1 = any free port

@@ -8,7 +8,7 @@ from socket import gethostname
 import structlog
 from prometheus_client import CollectorRegistry
 
-from base.connect import close_nats, connect_nats
+from base.connect import Hook, close_nats, connect_nats
 from base.ops_http import start_ops_server
 from base.signals import on_stop_signal
 from base.topology import ensure_consumer, ensure_topology
@@ -66,7 +66,8 @@ async def run_worker(
     )
     tracing = Tracing("jetfleet-worker", cfg.worker_id)  # OTLP export if configured
     engine = build_engine(choice, tokenizer, local, cfg.worker_id)
-    nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}")
+    hooks: list[Hook] = []
+    nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}", on_reconnect=hooks)
     js = nc.jetstream()
     await ensure_topology(js, cfg.subjects)
     await ensure_consumer(
@@ -99,6 +100,7 @@ async def run_worker(
         tracing,
     )
     await runtime.start()
+    hooks.append(runtime.republish_recent)  # chunks in flight to a server that died
     await registry.register()
     on_stop_signal(registry.request_stop)
     log.info(

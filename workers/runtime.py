@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -54,12 +55,18 @@ from workers.config import WorkerConfig
 from workers.engine import Engine, EngineRequest
 from workers.kv_batching import split_events
 from workers.metrics import WorkerMetrics
+from workers.recent_chunks import RecentChunks
 from workers.registry import Registry
 from workers.request_state import ActiveRequest
 
 log = structlog.get_logger("jetfleet.worker")
 
 _RECENT_DONE = 4096  # finished (request_id, attempt) kept to ignore redeliveries
+
+
+def own_consumer(worker_id: str) -> str:
+    """The durable consumer of a worker's own request subject (a valid consumer name)."""
+    return "own_" + re.sub(r"[^A-Za-z0-9_-]", "_", worker_id)
 
 
 class WorkerRuntime:
@@ -101,6 +108,7 @@ class WorkerRuntime:
         self._kv_pending: list[KvCacheEvent] = []
         self._kv_scheduled = False
         self._reported_prefill = False  # the last load report counted prompts still to prefill
+        self._recent = RecentChunks()  # published again after a NATS reconnect
         self._loop = asyncio.get_running_loop()
 
     # ---------------------------------------------------------------- lifecycle
@@ -111,8 +119,13 @@ class WorkerRuntime:
         s, cfg = self.subjects, self.cfg
         self._subs.append(await self.nc.subscribe(s.cancel_all(), cb=self._on_cancel))
         self._subs.append(await self.nc.subscribe(s.ctl_worker(cfg.worker_id), cb=self._on_control))
+        # A durable consumer (named for this worker, removed by the server 60 s after its last
+        # subscriber left) inherits the stream's replicas: on a NATS cluster it survives the
+        # loss of a node, where an ephemeral one (R1) would vanish with it and leave requests
+        # routed to this worker unseen until the frontends' stall timeout.
         own = await self.js.subscribe(
             s.req_worker(cfg.model_name, cfg.worker_id),
+            durable=own_consumer(cfg.worker_id),
             cb=self._on_request_msg,
             manual_ack=True,
             config=api.ConsumerConfig(
@@ -147,6 +160,10 @@ class WorkerRuntime:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        with contextlib.suppress(Exception):  # gone for good (a crash: the server's timeout)
+            await self.js.delete_consumer(
+                self.subjects.stream_name("REQUESTS"), own_consumer(self.cfg.worker_id)
+            )
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -320,14 +337,23 @@ class WorkerRuntime:
             # is not routed against the prefill of the one it just received (the worker holding
             # its prefix would look busy for up to load_interval_s). At most one per flush.
             await self._load_now()
+        now = time.monotonic()
         for ar in ready:
             rid = ar.request.request_id
-            chunk = ar.take_chunk()
-            await publish(tok(rid), encode(chunk))
+            subject, payload = tok(rid), encode(ar.take_chunk())
+            await publish(subject, payload)
+            self._recent.add(now, subject, payload)
             if ar.final_sent:
                 finished.append(ar)
         for ar in finished:
             await self._finish(ar)
+
+    async def republish_recent(self) -> None:
+        """After a NATS reconnect: the chunks of the last seconds again (see RecentChunks)."""
+        again = self._recent.since(time.monotonic())
+        for subject, payload in again:
+            await self.nc.publish(subject, payload)
+        self.log.info("chunks_republished", chunks=len(again))
 
     async def _finish(self, ar: ActiveRequest) -> None:
         rid = ar.request.request_id
