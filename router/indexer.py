@@ -162,17 +162,19 @@ class Indexer:
         self.applied = 0
         self._snapshot_at = time.monotonic()
         self._snapshot_seq = 0
+        self._resuming = False  # Redis was lost while this indexer may have led
         self.log = log.bind(indexer_id=cfg.indexer_id)
 
     # ------------------------------------------------------------------ leadership
     async def acquire(self) -> bool:
-        """Take the lock, or keep it: after a failover the new primary may hold this
-        indexer's own lock (replicated), which is still its to renew."""
+        """Take the lock, or, after losing Redis while leading, keep it: the promoted replica
+        may hold this indexer's lock (replicated), which is still its own to renew."""
+        resuming, self._resuming = self._resuming, False
         if await self.redis.set(
             self.keys.leader, self.cfg.indexer_id, nx=True, px=self.cfg.leader_ttl_ms
         ):
             return True
-        return bool(
+        return resuming and bool(
             await self._renew(
                 keys=[self.keys.leader], args=[self.cfg.indexer_id, self.cfg.leader_ttl_ms]
             )
@@ -229,6 +231,7 @@ class Indexer:
                 # an outage or a Sentinel failover: wait, then resume from the position stored
                 # with the index (a failover's replica holds both, consistent with each other)
                 self.log.warning("indexer_redis_unavailable", error=str(exc), retry_s=backoff)
+                self._resuming = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(_first(stop, halt), backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
