@@ -31,14 +31,15 @@ class Hearing:
     bucket can be without a stream leader for several seconds after a node is lost (an
     election), and then every worker's heartbeat fails at once: expiring them all would
     migrate every request to nowhere and drop live workers from the index. So while no
-    heartbeat from any worker has arrived for a TTL, the silence is the bucket's, not the
-    workers', and nobody is expired, for at most ``max_deaf_s``; when heartbeats come again
+    heartbeat from any worker has arrived for most of a TTL (less ``slack_s``), the silence
+    is the bucket's, not the workers', and nobody is expired, for at most ``max_deaf_s``; when heartbeats come again
     (``since``) each worker gets a full TTL from then to be heard. A worker that dies while
     others beat is expired after its TTL as before; when every worker dies at once (nothing
     to migrate to anyway) they expire after ``max_deaf_s``."""
 
-    def __init__(self, max_deaf_s: float = 30.0) -> None:
+    def __init__(self, max_deaf_s: float = 30.0, slack_s: float = 1.5) -> None:
         self.max_deaf_s = max_deaf_s
+        self.slack_s = slack_s  # > a heartbeat interval: beats of a live fleet land within it
         self.last_heard = float("-inf")
         self.since = float("-inf")  # when heartbeats came again after a deaf spell
         self.deaf = False
@@ -52,7 +53,11 @@ class Hearing:
 
     def may_expire(self, now: float, ttl_s: float) -> bool:
         silent = now - self.last_heard
-        if self.last_heard == float("-inf") or silent <= ttl_s or silent > self.max_deaf_s:
+        # a fleet that is heard beats every heartbeat interval: silence for most of a TTL (all
+        # workers' beats failing together, as when the bucket elects a leader) is deafness,
+        # judged before the first of them is due, not after
+        quiet = max(ttl_s - self.slack_s, self.slack_s)
+        if self.last_heard == float("-inf") or silent <= quiet or silent > self.max_deaf_s:
             return True
         if not self.deaf:
             self.deaf = True

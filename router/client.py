@@ -74,6 +74,7 @@ class ClientConfig:
 @dataclass(frozen=True, slots=True)
 class _Migrate:
     reason: str
+    attempt: int  # the attempt it is about: once migrated, a later notice is stale
 
 
 class Generation:
@@ -120,6 +121,8 @@ class Generation:
             while not self.done:
                 item = await self.queue.get()
                 if isinstance(item, _Migrate):
+                    if item.attempt != self.request.attempt:
+                        continue  # about an attempt already migrated away from
                     final = await self.client.migrate(self, item.reason)
                     if final is not None:
                         self.done = True
@@ -150,7 +153,7 @@ class Generation:
         if chunk.index > self.next_index:
             missing = await self.client.recover(self, chunk.index)
             if missing is None:
-                self.queue.put_nowait(_Migrate("lost token chunks"))
+                self.queue.put_nowait(_Migrate("lost token chunks", self.request.attempt))
                 return []
             out = [*missing, chunk]
         else:
@@ -415,7 +418,7 @@ class FleetClient:
     def worker_gone(self, worker_id: str) -> None:
         for gen in self.active.values():
             if gen.worker_id == worker_id and not gen.done:
-                gen.queue.put_nowait(_Migrate(f"worker {worker_id} left"))
+                gen.queue.put_nowait(_Migrate(f"worker {worker_id} left", gen.request.attempt))
 
     async def _watch(self) -> None:
         while True:
@@ -425,10 +428,11 @@ class FleetClient:
                 if gen.done:
                     continue
                 if gen.worker_id and not self.state.is_alive(gen.worker_id):
-                    gen.queue.put_nowait(_Migrate(f"worker {gen.worker_id} expired"))
+                    reason = f"worker {gen.worker_id} expired"
+                    gen.queue.put_nowait(_Migrate(reason, gen.request.attempt))
                     gen.last_activity = now
                 elif now - gen.last_activity > self.cfg.stall_timeout_s:
-                    gen.queue.put_nowait(_Migrate("stalled"))
+                    gen.queue.put_nowait(_Migrate("stalled", gen.request.attempt))
                     gen.last_activity = now
 
     async def catch_up(self) -> None:
