@@ -32,10 +32,11 @@ class Hearing:
     election), and then every worker's heartbeat fails at once: expiring them all would
     migrate every request to nowhere and drop live workers from the index. So while no
     heartbeat from any worker has arrived for most of a TTL (less ``slack_s``), the silence
-    is the bucket's, not the workers', and nobody is expired, for at most ``max_deaf_s``; when heartbeats come again
-    (``since``) each worker gets a full TTL from then to be heard. A worker that dies while
-    others beat is expired after its TTL as before; when every worker dies at once (nothing
-    to migrate to anyway) they expire after ``max_deaf_s``."""
+    is the bucket's, not the workers', and nobody is expired, for at most ``max_deaf_s``;
+    when heartbeats come again (``since``) each worker gets a full TTL from then to be
+    heard. A worker that dies while others beat is expired after its TTL as before; when
+    every worker dies at once (nothing to migrate to anyway) they expire after
+    ``max_deaf_s``."""
 
     def __init__(self, max_deaf_s: float = 30.0, slack_s: float = 1.5) -> None:
         self.max_deaf_s = max_deaf_s
