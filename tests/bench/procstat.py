@@ -18,8 +18,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live descendants (a supervisor and its processes)."""
+def tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (a supervisor and its processes), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -30,12 +30,17 @@ def tree_cpu_seconds(pid: int) -> float:
         except OSError:
             continue
         children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0.0, [pid]
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
-        total += cpu_seconds(p)
+        out.append(p)
         todo.extend(children.get(p, ()))
-    return total
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants."""
+    return sum(cpu_seconds(p) for p in tree(pid))
 
 
 def self_cpu_seconds() -> float:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import signal
 import statistics
@@ -31,20 +30,7 @@ import httpx
 
 from base.process import cli_command
 from infra.embedded import free_port
-
-
-def _children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        out.setdefault(ppid, []).append(int(entry))
-    return out
+from tests.bench.procstat import tree
 
 
 def _name(pid: int) -> str:
@@ -74,10 +60,8 @@ def _rss_kb(pid: int) -> int:
 
 def sample(root: int) -> dict[str, int]:
     """RSS (kB) of ``root`` and every descendant, by a readable name."""
-    kids, todo, out = _children(), [root], {}
-    while todo:
-        pid = todo.pop()
-        todo.extend(kids.get(pid, ()))
+    out = {}
+    for pid in tree(root):
         rss = _rss_kb(pid)
         if rss:
             out[f"{_name(pid)} [{pid}]"] = rss
