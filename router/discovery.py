@@ -119,9 +119,16 @@ class Discovery:
                 continue
             if time.time() - reg.heartbeat_at_s > reg.ttl_s:
                 continue  # a stale entry left by a dead worker
+            seen = self.state.workers.get(entry.key)
+            if seen is not None and reg.started_at_s != seen.reg.started_at_s:
+                # the same id, a new process (a restarted pod): what the old one had in flight
+                # is gone with it, so its requests migrate now, not at their stall timeout
+                self.state.remove(entry.key)
+                log.info("worker_restarted", worker_id=entry.key)
+                self._on_gone(entry.key)
             known = entry.key in self.state.workers
             self.state.upsert(reg, now)
-            self.hearing.heard(now)
+            self.hearing.heard(now, joined=not known)
             if not known:
                 log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
                 self._on_joined(reg.worker_id)

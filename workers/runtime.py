@@ -30,6 +30,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
+from nats.js.errors import NotFoundError
 
 from base.deadletter import dead_letter
 from base.tracing import Tracing
@@ -123,6 +124,11 @@ class WorkerRuntime:
         # subscriber left) inherits the stream's replicas: on a NATS cluster it survives the
         # loss of a node, where an ephemeral one (R1) would vanish with it and leave requests
         # routed to this worker unseen until the frontends' stall timeout.
+        # A process restarted under the same id (a pod) must not inherit its predecessor's
+        # consumer: the requests that one held unacked are migrated by the frontends, and a
+        # redelivery here would generate them twice (or splice two runs into one answer).
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_consumer(s.stream_name("REQUESTS"), own_consumer(cfg.worker_id))
         own = await self.js.subscribe(
             s.req_worker(cfg.model_name, cfg.worker_id),
             durable=own_consumer(cfg.worker_id),

@@ -7,15 +7,18 @@ import json
 import os
 import signal
 import time
+from datetime import datetime
 
 import httpx
 import pytest
 
 from base.connect import connect_nats
+from base.process import cli_command
 from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
 from tests.e2e.fleet import Fleet
 from tests.helpers import wait_for
+from workers.runtime import own_consumer
 
 pytestmark = pytest.mark.integration
 
@@ -267,5 +270,51 @@ async def test_a_known_model_without_workers_answers_503_and_counts_as_demand(
         assert r.status_code == 503, r.text  # not 404: the model exists, its workers do not
         assert r.json()["error"]["code"] == "no_workers"
         assert r.headers["retry-after"] == "1"
+    finally:
+        f.stop()
+
+
+async def test_a_worker_restarted_under_its_id_gives_its_requests_up_at_once(nats_server, tmp_path):
+    """A pod restarts with the same worker id (kill -9, then the same --worker-id again, as
+    Kubernetes does with $(POD_NAME)): the frontends see a new process (its start time changed)
+    and migrate its requests at once, not at the stall timeout (60 s here); the new process
+    never gets its predecessor's requests (the durable consumer of its subject is replaced)."""
+    f = Fleet(nats_server.url, tmp_path / "logs", worker_args=("--speedup", "1"))
+    try:
+        f.add_worker()
+        f.add_worker()
+        f.start_frontend("--router", "round-robin", "--stall-timeout", "60")
+        await wait_for(lambda: _count(f, 2), timeout=20)
+        body = {"model": M, "prompt": "restart me", "max_tokens": 200, "seed": 3}
+        async with Observations(f) as obs, httpx.AsyncClient(timeout=60) as client:
+            call = asyncio.create_task(
+                client.post(f"{f.base_url}/v1/completions", json={**body, "stream": False})
+            )
+            serving = await _serving_worker(f)
+            f.kill(serving)
+            restarted_at, killed_wall = time.monotonic(), time.time()
+            name = serving.removeprefix(f"{f.prefix}-")
+            f.group.start(
+                name, cli_command("worker", *f.common(), "--worker-id", serving, *f.worker_args)
+            )
+            r = await call
+            took = time.monotonic() - restarted_at
+            await wait_for(lambda: len(obs.items) >= 1, timeout=10)
+            calm = await client.post(f"{f.base_url}/v1/completions", json=body)
+        assert r.status_code == 200 and took < 30, (r.status_code, took)
+        assert obs.items[0].attempts == 2
+        assert r.json()["choices"][0]["text"] == calm.json()["choices"][0]["text"]
+        # the subject's consumer is the new process's own, created after the restart: the old
+        # one (holding the killed attempt unacked, to be redelivered) was deleted, not reused
+        nc = await connect_nats(f.nats_url, name="test-consumer")
+        try:
+            info = await nc.jetstream().consumer_info(
+                Subjects(f.prefix).stream_name("REQUESTS"), own_consumer(serving)
+            )
+        finally:
+            await nc.close()
+        assert info.created is not None and info.num_ack_pending == 0
+        created = datetime.fromisoformat(str(info.created).replace("Z", "+00:00"))
+        assert created.timestamp() > killed_wall, (created, killed_wall)
     finally:
         f.stop()
