@@ -19,6 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from schemas import Subjects, WireDecodeError, WorkerRegistration, decode
+from schemas.discovery import BY_HAND
 from schemas.streams import WORKERS_BUCKET
 
 log = structlog.get_logger("jetfleet.workers")
@@ -36,16 +37,20 @@ class Hearing:
     when heartbeats come again (``since``) each worker gets a full TTL from then to be
     heard. A worker that dies while others beat is expired after its TTL as before; when
     every worker dies at once (nothing to migrate to anyway) they expire after
-    ``max_deaf_s``."""
+    ``max_deaf_s`` (15 s: a JetStream election under load took up to 10 s here)."""
 
-    def __init__(self, max_deaf_s: float = 30.0, slack_s: float = 1.5) -> None:
+    def __init__(self, max_deaf_s: float = 15.0, slack_s: float = 1.5) -> None:
         self.max_deaf_s = max_deaf_s
         self.slack_s = slack_s  # > a heartbeat interval: beats of a live fleet land within it
         self.last_heard = float("-inf")
         self.since = float("-inf")  # when heartbeats came again after a deaf spell
         self.deaf = False
 
-    def heard(self, now: float) -> None:
+    def heard(self, now: float, joined: bool = False) -> None:
+        """A heartbeat arrived; ``joined``: from a worker not known before (a replacement's
+        first beat says nothing about the bucket carrying the others' beats)."""
+        if joined and self.deaf:
+            return
         if self.deaf:
             self.deaf = False
             self.since = now
@@ -74,11 +79,12 @@ def ready_counts(
     unmanaged_only: bool = False,
 ) -> dict[str, int]:
     """Ready workers with a fresh heartbeat per role of ``model`` (every role in ``roles``);
-    ``unmanaged_only``: only those no connector started (``managed_by`` empty)."""
+    ``unmanaged_only``: only those started by hand (``managed_by == "hand"``; a worker older
+    than the field says nothing and counts as managed, so an upgrade never shrinks a pool)."""
     counts = dict.fromkeys(roles, 0)
     for reg in regs.values():
         fresh = now_s - reg.heartbeat_at_s <= reg.ttl_s
-        if unmanaged_only and reg.managed_by:
+        if unmanaged_only and reg.managed_by != BY_HAND:
             continue
         if reg.model == model and reg.status == "ready" and fresh and reg.role in counts:
             counts[reg.role] += 1
@@ -126,7 +132,15 @@ class WorkerWatch:
     def counts(
         self, model: str, roles: tuple[str, ...], unmanaged_only: bool = False
     ) -> dict[str, int]:
-        return ready_counts(self.regs, model, roles, time.time(), unmanaged_only)
+        """Ready workers per role; while no worker at all is heard (``Hearing``: the bucket
+        electing a leader) they are counted as when the fleet was last heard, so an interval
+        that falls into the silence does not see an empty pool and start a second one."""
+        now = time.monotonic()
+        ttl = min((r.ttl_s for r in self.regs.values()), default=0.0)
+        wall = time.time()
+        if self.regs and not self.hearing.may_expire(now, ttl):
+            wall -= now - self.hearing.last_heard  # judged as when the fleet was last heard
+        return ready_counts(self.regs, model, roles, wall, unmanaged_only)
 
     def _gone(self, worker_id: str, why: str) -> None:
         if self.live.pop(worker_id, None) is not None and self._on_gone is not None:
@@ -147,12 +161,15 @@ class WorkerWatch:
             except WireDecodeError as exc:
                 log.warning("bad_registration", key=entry.key, error=str(exc))
                 continue
+            old = self.regs.get(entry.key)
             self.regs[entry.key] = reg
             if time.time() - reg.heartbeat_at_s > reg.ttl_s:
                 continue  # a stale entry left by a dead worker
+            if old is not None and entry.key in self.live and old.started_at_s != reg.started_at_s:
+                self._gone(entry.key, "restarted")  # a new process under the same id
             known = entry.key in self.live
             self.live[entry.key] = time.monotonic()
-            self.hearing.heard(self.live[entry.key])
+            self.hearing.heard(self.live[entry.key], joined=not known)
             if not known and self._on_joined is not None:
                 self._on_joined(entry.key)
 

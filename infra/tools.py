@@ -115,8 +115,12 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
             encode(request),
             headers={"Nats-Msg-Id": submit_msg_id(request.request_id)},
         )
+        seen: set[tuple[int, int]] = set()
         while True:
             chunk = decode((await sub.next_msg(timeout=120)).data, TokenChunk)
+            if (chunk.attempt, chunk.index) in seen:
+                continue  # a repeat: workers publish recent chunks again after a reconnect
+            seen.add((chunk.attempt, chunk.index))
             if args.json:
                 print(json.dumps(to_builtins(chunk)), flush=True)
             else:
@@ -157,7 +161,7 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
             "metrics_url": reg.metrics_url or None,
             "host": reg.host,
             "pid": reg.pid,
-            "managed_by": reg.managed_by or None,  # None: started by hand
+            "managed_by": reg.managed_by or None,  # "hand", a connector kind; None: unknown
         }
         try:
             raw = await js.get_last_msg(
@@ -237,7 +241,7 @@ async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:
             f"{w['worker_id']:<14} {w['model']:<16} {w['role']:<7} {w['status']:<9} "
             f"{w['num_running'] if w['num_running'] is not None else '-':>4} "
             f"{w['num_waiting'] if w['num_waiting'] is not None else '-':>5} {kv:>6} {host:>6} "
-            f"{w['heartbeat_age_s']:>6.1f}s {w['managed_by'] or 'hand':<10} "
+            f"{w['heartbeat_age_s']:>6.1f}s {w['managed_by'] or '?':<10} "
             f"{w['metrics_url'] or '-'}"
         )
     return 0

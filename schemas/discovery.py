@@ -17,6 +17,7 @@ from typing import Literal
 import msgspec
 
 WorkerRole = Literal["agg", "prefill", "decode"]
+BY_HAND = "hand"  # WorkerRegistration.managed_by of a worker no connector started
 WorkerStatus = Literal["ready", "draining"]
 
 
@@ -36,8 +37,9 @@ class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
     host: str = ""
     pid: int = 0
     metrics_url: str = ""  # the worker's operations port (/metrics, /health, /ready), if served
-    # Who started the worker and may stop it: a planner connector kind ("local", "kubernetes");
-    # "" for a worker started by hand, which the planner counts but never relies on.
+    # Who started the worker and may stop it: a planner connector kind ("local", "kubernetes"),
+    # or "hand" (the planner counts it but never relies on it); "" only from workers older
+    # than the field (counted as managed: nothing is known against it).
     managed_by: str = ""
     v: int = 1
 

@@ -37,7 +37,7 @@ class WorkerConfig:
     metrics_port: int = 0  # Prometheus /metrics, /health, /ready; 0 = off, -1 = any free port
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a pod, for the kubelet's probes
     block_size: int = 16
-    managed_by: str = ""  # connector that started it ("local", "kubernetes"); "" = by hand
+    managed_by: str = "hand"  # who started it: a connector ("local", "kubernetes") or "hand"
     pid: int = field(default_factory=os.getpid)
 
     def flush_window(self, in_flight: int) -> float:

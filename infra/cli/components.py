@@ -81,8 +81,8 @@ WORKER = ConfigFlags(
     "metrics_host",
     Flag(
         "managed_by",
-        help="the planner connector that started this worker (local, kubernetes); by hand: "
-        "leave empty, and the planner keeps its minimum without it",
+        help="the planner connector that started this worker (local, kubernetes), or hand: "
+        "the planner counts it but keeps its minimum without it",
     ),
     Flag("flush_interval_s", "--flush-interval-ms", scale=1000.0),
     Flag("max_flush_interval_s", "--max-flush-interval-ms", scale=1000.0),

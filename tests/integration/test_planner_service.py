@@ -66,7 +66,7 @@ class Planner:
 
 
 async def register(js, subjects, worker_id: str, managed_by: str = "local") -> None:
-    """A worker as a connector starts it (``managed_by=""``: one started by hand)."""
+    """A worker as a connector starts it (``managed_by="hand"``: one started by hand)."""
     kv = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
     reg = WorkerRegistration(
         worker_id,

@@ -237,3 +237,16 @@ def test_ready_counts() -> None:
         "e": WorkerRegistration("e", "other", "agg", "mocker", 8, 100, 16, heartbeat_at_s=100.0),
     }
     assert ready_counts(regs, MODEL, ("agg", "prefill"), 101.0) == {"agg": 1, "prefill": 0}
+
+
+def test_only_workers_that_say_they_were_started_by_hand_are_unmanaged() -> None:
+    """A worker older than ``managed_by`` says nothing (""): counted as managed, so the floor
+    is not raised and a Kubernetes Deployment is never shrunk by an upgrade in progress."""
+
+    def reg(w: str, by: str) -> WorkerRegistration:
+        return WorkerRegistration(w, MODEL, "agg", "mocker", 8, 100, 16, heartbeat_at_s=100.0,
+                                  managed_by=by)  # fmt: skip
+
+    regs = {w: reg(w, by) for w, by in (("a", "hand"), ("b", ""), ("c", "kubernetes"))}
+    assert ready_counts(regs, MODEL, ("agg",), 101.0) == {"agg": 3}
+    assert ready_counts(regs, MODEL, ("agg",), 101.0, unmanaged_only=True) == {"agg": 1}
