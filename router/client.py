@@ -28,7 +28,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from router.fleet_state import FleetState, WorkerView
 from router.policies import RouteQuery, Router
@@ -270,7 +270,12 @@ class FleetClient:
             try:
                 await self.js.publish(subject, payload, headers=headers)
                 break
-            except (NoRespondersError, NoStreamResponseError, NatsTimeoutError) as exc:
+            except (
+                NoRespondersError,
+                NoStreamResponseError,
+                ServiceUnavailableError,
+                NatsTimeoutError,
+            ) as exc:
                 if time.monotonic() + delay > deadline:
                     raise
                 log.warning("publish_retry", request_id=req.request_id, error=str(exc))
@@ -436,21 +441,32 @@ class FleetClient:
                     gen.last_activity = now
 
     async def catch_up(self) -> None:
-        """After a NATS reconnect: the chunks published while this process was away reached
-        only FLEET_TOKENS. Each request in flight whose stream holds a chunk it has not seen
-        gets that newest chunk, and the gap before it is filled from the stream as any gap is,
-        so a request whose last chunk was missed ends now, not at its stall timeout."""
+        """After a NATS reconnect (a hook: returns at once, the work runs in a task): the chunks
+        published while this process was away reached only FLEET_TOKENS. Each request in
+        flight whose stream holds a chunk it has not seen gets that newest chunk, and the gap
+        before it is filled from the stream as any gap is, so a request whose last chunk was
+        missed ends now, not at its stall timeout."""
+        task = asyncio.create_task(self._catch_up())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _catch_up(self, timeout_s: float = 1.0, parallel: int = 16) -> None:
         stream = self.subjects.stream_name("TOKENS")
-        for gen in list(self.active.values()):
-            if gen.done:
-                continue
-            try:
-                last = await self.js.get_last_msg(stream, self.subjects.tok(gen.request_id))
-                chunk = decode(last.data or b"", TokenChunk)
-            except Exception:  # nothing stored for it (yet), or the stream is electing
-                continue
+        gate = asyncio.Semaphore(parallel)
+
+        async def one(gen: Generation) -> None:
+            async with gate:
+                try:
+                    last = await asyncio.wait_for(
+                        self.js.get_last_msg(stream, self.subjects.tok(gen.request_id)), timeout_s
+                    )
+                    chunk = decode(last.data or b"", TokenChunk)
+                except Exception:  # nothing stored for it (yet), or the stream is electing
+                    return
             if chunk.attempt == gen.request.attempt and chunk.index >= gen.next_index:
                 gen.queue.put_nowait(chunk)
+
+        await asyncio.gather(*(one(g) for g in list(self.active.values()) if not g.done))
 
     async def recover(self, gen: Generation, upto: int) -> list[TokenChunk] | None:
         """Read chunks ``gen.next_index .. upto-1`` of the current attempt from FLEET_TOKENS."""

@@ -95,11 +95,18 @@ class DisaggClient:
             except (NoWorkersError, OverloadedError) as exc:
                 log.info("prefill_unplaced", request_id=request.request_id, error=str(exc))
                 placement = Placement(False, "prefill_unavailable")
+            except BaseException:  # the decode reservation must not outlive the request
+                await self.decode.unroute(request.request_id)
+                raise
             else:
                 gen = DisaggGeneration(self, request, routed, traceparent, pgen, accepted)
                 gen.disagg_reason = placement.reason
                 return gen
-        local = await self.decode.generate(request, traceparent, routed=routed)
+        try:
+            local = await self.decode.generate(request, traceparent, routed=routed)
+        except BaseException:
+            await self.decode.unroute(request.request_id)
+            raise
         local.disagg, local.disagg_reason = "local", placement.reason
         return local
 

@@ -231,7 +231,6 @@ class Indexer:
                 # an outage or a Sentinel failover: wait, then resume from the position stored
                 # with the index (a failover's replica holds both, consistent with each other)
                 self.log.warning("indexer_redis_unavailable", error=str(exc), retry_s=backoff)
-                self._resuming = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(_first(stop, halt), backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
@@ -249,6 +248,14 @@ class Indexer:
         keeper = asyncio.create_task(self._keep_leadership(lost))
         try:
             await self._consume(stop, lost, halt)
+        except REDIS_UNREACHABLE:
+            # Redis went away while this indexer led: the promoted replica may still hold its
+            # lock (to renew, not to wait out), and may be behind what it applied, so its
+            # in-memory translation state is dropped and rebuilt from Redis, as on a restart
+            self._resuming = True
+            self.translator = EventTranslator()
+            self.worker_models.clear()
+            raise
         finally:
             keeper.cancel()
             self.metrics.leader.set(0)

@@ -24,6 +24,7 @@ read timeout, as with the redis-py clients this project builds.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
@@ -31,14 +32,15 @@ from typing import Any, cast
 import hiredis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
+    BusyLoadingError,
     NoPermissionError,
     NoScriptError,
     ReadOnlyError,
     RedisError,
     ResponseError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 Arg = str | bytes | int | float
@@ -84,7 +86,11 @@ class _Protocol(asyncio.Protocol):
                     fut.set_exception(RedisConnectionError(f"Redis primary moved: {msg}"))
                     self.transport.close()
                     continue
-                fut.set_exception(_ERRORS.get(msg.split(" ", 1)[0], ResponseError)(msg))
+                word = msg.split(" ", 1)[0]
+                if word in _UNAVAILABLE:  # loading, no primary, a resharding: try later
+                    fut.set_exception(_UNAVAILABLE[word](f"Redis unavailable: {msg}"))
+                    continue
+                fut.set_exception(_ERRORS.get(word, ResponseError)(msg))
             else:
                 fut.set_result(reply)
 
@@ -114,6 +120,16 @@ _ERRORS: dict[str, type[ResponseError]] = {
 }
 
 
+# ... and those that mean "this server cannot serve now", which callers treat as unreachable
+_UNAVAILABLE: dict[str, type[RedisConnectionError]] = {
+    "LOADING": BusyLoadingError,
+    "MASTERDOWN": RedisConnectionError,
+    "TRYAGAIN": RedisConnectionError,
+}
+FAIL_FAST_S = 0.5  # after a failed connect, calls fail at once for this long (no 5 s queue)
+CALL_TIMEOUT_S = 5.0  # a reply later than this: the connection is dropped (a vanished host)
+
+
 def _retrieve(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
@@ -133,6 +149,7 @@ class RespPipe:
         """``locate``: where the server is now, asked on every (re)connection (Sentinel)."""
         self.host, self.port, self.path = host, port, path
         self.locate = locate
+        self._failed: tuple[float, RedisConnectionError] | None = None
         self.db, self.username, self.password = db, username, password
         self._proto: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -173,7 +190,14 @@ class RespPipe:
         async with self._connecting:
             if self._proto is not None and self._proto.lost is None:
                 return self._proto
-            self._proto = await self._connect(loop)
+            if self._failed is not None and time.monotonic() - self._failed[0] < FAIL_FAST_S:
+                raise self._failed[1]
+            try:
+                self._proto = await self._connect(loop)
+            except RedisConnectionError as exc:
+                self._failed = (time.monotonic(), exc)
+                raise
+            self._failed = None
             return self._proto
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
@@ -208,7 +232,12 @@ class RespPipe:
         if proto is None or self._loop is not asyncio.get_running_loop():
             proto = await self._connected()
         (fut,) = proto.send(_pack(args), 1)
-        return await fut
+        try:
+            return await asyncio.wait_for(fut, CALL_TIMEOUT_S)
+        except TimeoutError:
+            if proto.transport is not None:  # a host gone without a reset: connect again
+                proto.transport.close()
+            raise RedisTimeoutError(f"no reply from Redis in {CALL_TIMEOUT_S:.0f} s") from None
 
     async def send_many(self, commands: Sequence[Sequence[Arg]]) -> list[asyncio.Future[Any]]:
         """Write every command now, in one write; the futures of their replies, in order. Commands

@@ -170,6 +170,9 @@ class KvRouter:
         policy = self.name
         try:
             out = await self.index.route(call)
+            if query.request_id in self._fallback_ids:  # migrated now that Redis is back
+                self._fallback_ids.discard(query.request_id)
+                await self._recent.index.release(query.request_id)
             if self._redis_down:
                 self._redis_down = False
                 log.info("kv_routing_restored", fallbacks=self.fallbacks)

@@ -5,6 +5,7 @@ find the primary through the sentinels, and find the new one after a failover.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 
@@ -166,3 +167,53 @@ async def test_routing_goes_on_through_a_failover_and_the_index_is_whole_after(
         assert not errors, f"{len(errors)} of {len(statuses)} requests failed: {set(errors)}"
     finally:
         fleet.stop()
+
+
+async def test_a_demoted_primary_is_left_for_the_new_one(ha: RedisHA) -> None:
+    """A manual failover keeps the old primary running, as a replica: the lean pipe's next
+    write there fails as unreachable at most once (the kv router falls back for that call), and
+    the calls after it locate the new primary and succeed."""
+    import redis as sync_redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    client = await connect_redis(ha.url)
+    pipe = RespPipe.for_client(client)
+    assert pipe is not None
+    try:
+        await pipe.call("SET", "k", "1")
+        old = ha.primary()
+        with sync_redis.Redis(port=ha.sentinel_ports[0]) as s:
+            s.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        await wait_for(lambda: ha.primary() not in (None, old), timeout=30)
+        # the old primary is a replica now (still up), and the pipe is still connected to it
+
+        async def demoted() -> bool:
+            with sync_redis.Redis(port=old) as r:
+                return r.info("replication")["role"] == "slave"
+
+        await wait_for(demoted, timeout=30)
+        # Sentinel also kills the demoted server's clients: the pipe either sees that (lost)
+        # or, still connected, a READONLY refusal; either is "unreachable" for this one call
+        with contextlib.suppress(RedisConnectionError):
+            await pipe.call("SET", "k", "2")
+        await pipe.call("SET", "k", "3")
+        assert await pipe.call("GET", "k") == b"3"
+        assert pipe.port == ha.primary()
+    finally:
+        pipe.close()
+        await client.aclose()
+
+
+async def test_a_replica_refuses_writes_as_unreachable_and_loading_maps_too(ha: RedisHA) -> None:
+    from redis.exceptions import BusyLoadingError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    replica = next(p for p in ha.data_ports if p != ha.primary())
+    pipe = RespPipe(port=replica)
+    try:
+        with pytest.raises(RedisConnectionError, match="READONLY"):
+            await pipe.call("SET", "k", "x")
+        assert await pipe.call("PING") in (b"PONG", "PONG")  # connected again at once
+    finally:
+        pipe.close()
+    assert issubclass(BusyLoadingError, RedisConnectionError)  # LOADING is unreachability too
