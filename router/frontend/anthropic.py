@@ -142,8 +142,12 @@ def to_chat_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise _bad("max_tokens", "max_tokens is required and must be a positive integer")
     temperature = data.get("temperature")
-    if temperature is not None and not 0 <= temperature <= 1:
-        raise _bad("temperature", "temperature must be in [0, 1]")
+    if temperature is not None and (
+        not isinstance(temperature, int | float)
+        or isinstance(temperature, bool)
+        or not 0 <= temperature <= 1
+    ):
+        raise _bad("temperature", "temperature must be a number in [0, 1]")
     chat: dict[str, Any] = {
         "model": data["model"],
         "messages": _messages(data),

@@ -1,7 +1,12 @@
 """Property-based fuzz of the HTTP API (hypothesis) against a running fleet: bodies built from
 every endpoint's real field names with hostile values (wrong types, out-of-range numbers, deep
 nesting, odd unicode), and raw byte bodies. Every answer is a 2xx or a 4xx with an error body in
-the endpoint's shape, never a 5xx; the fleet serves an ordinary request afterwards."""
+the endpoint's shape, never a 5xx; the fleet serves an ordinary request afterwards.
+
+Derandomized: the default suite tries the same examples on every run (CI stays deterministic; a
+new example comes with a change of the strategies or of the code under test). For a wider
+search set ``derandomize=False`` and raise ``max_examples`` locally: a randomized run found the
+``/v1/messages`` ``temperature: ""`` 500 (now a 400, pinned in ``test_api_shapes.py``)."""
 
 from __future__ import annotations
 
@@ -118,6 +123,7 @@ def test_structured_hostile_bodies_never_get_a_5xx(http: httpx.Client, path: str
     @settings(
         max_examples=60,
         deadline=None,
+        derandomize=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
     @given(body=BODIES[path])
@@ -131,7 +137,12 @@ def test_structured_hostile_bodies_never_get_a_5xx(http: httpx.Client, path: str
     run()
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(raw=st.binary(max_size=300), path=st.sampled_from(sorted(BODIES)))
 def test_raw_bytes_never_get_a_5xx(fleet, raw: bytes, path: str) -> None:
     with httpx.Client(base_url=fleet.base_url, timeout=30) as client:

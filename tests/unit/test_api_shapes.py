@@ -124,6 +124,15 @@ def test_a_messages_body_means_this_chat_request() -> None:
             },
             "temperature",
         ),
+        (  # found by the HTTP fuzz: a string here was a 500
+            {
+                "model": "m",
+                "max_tokens": 1,
+                "temperature": "",
+                "messages": [{"role": "user", "content": "x"}],
+            },
+            "temperature",
+        ),
         (
             {
                 "model": "m",

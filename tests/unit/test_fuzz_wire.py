@@ -54,7 +54,7 @@ def _packable(value: object) -> bytes | None:
         return None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(data=st.binary(max_size=200), typ=st.sampled_from(STRUCTS))
 def test_any_bytes_decode_or_raise_the_wire_error(data: bytes, typ: type) -> None:
     with contextlib.suppress(WireDecodeError):
@@ -79,7 +79,7 @@ def _request_like() -> st.SearchStrategy[dict[str, object]]:
     return st.fixed_dictionaries({}, optional=fields)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400, deadline=None, derandomize=True)
 @given(body=_request_like() | st.dictionaries(st.text(max_size=10), json_like), vocab=st.none()
        | st.integers(min_value=1, max_value=300))  # fmt: skip
 def test_decodable_requests_are_judged_without_raising(body: object, vocab: int | None) -> None:
