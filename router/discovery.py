@@ -30,6 +30,13 @@ from schemas.subjects import Subjects
 
 log = structlog.get_logger("jetfleet.discovery")
 
+# Reading a model's tokenizer from the object store: nats-py's ``ObjectStore.get`` waits for its
+# chunks without a deadline, and a worker that re-puts the same object (several start at once and
+# each finds it absent) purges the chunks another reader is waiting for. So each read has a deadline
+# and a failed read is tried again: the object is there, under a new set of chunks.
+TOKENIZER_READ_TIMEOUT_S = 10.0
+TOKENIZER_READ_ATTEMPTS = 6
+
 
 @dataclass(frozen=True)
 class ServedModel:
@@ -68,6 +75,7 @@ class Discovery:
         self._sub: Subscription | None = None
         self.synced = asyncio.Event()
         self.hearing = Hearing()
+        self.tokenizer_read_timeout_s = TOKENIZER_READ_TIMEOUT_S
 
     async def start(self) -> None:
         s = self.subjects
@@ -151,12 +159,30 @@ class Discovery:
         if known is not None and known.card.tokenizer_sha256 == card.tokenizer_sha256:
             self.models[card.name] = ServedModel(card, known.tokenizer)
             return
-        obj = await self._files.get(card.tokenizer_object)
-        if obj.data is None:
-            raise ValueError(f"the tokenizer of {card.name} is missing from the model store")
-        tok = ModelTokenizer(obj.data, card.chat_template, card.bos_token, card.eos_token)
+        data = await self._read_tokenizer(card)
+        tok = ModelTokenizer(data, card.chat_template, card.bos_token, card.eos_token)
         self.models[card.name] = ServedModel(card, tok)
         log.info("model_loaded", model=card.name, context_length=card.context_length)
+
+    async def _read_tokenizer(self, card: ModelCard) -> bytes:
+        for attempt in range(1, TOKENIZER_READ_ATTEMPTS + 1):
+            try:
+                obj = await asyncio.wait_for(
+                    self._files.get(card.tokenizer_object), self.tokenizer_read_timeout_s
+                )
+            except Exception as exc:  # a deadline, or chunks purged under the read
+                log.warning(
+                    "model_tokenizer_retry",
+                    model=card.name,
+                    attempt=attempt,
+                    error=str(exc) or type(exc).__name__,
+                )
+                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+                continue
+            if obj.data:
+                return bytes(obj.data)
+            raise ValueError(f"the tokenizer of {card.name} is empty in the model store")
+        raise ValueError(f"the tokenizer of {card.name} could not be read from the model store")
 
     async def _on_load(self, msg: Msg) -> None:
         try:
