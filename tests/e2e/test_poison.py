@@ -12,6 +12,7 @@ import nats
 import pytest
 
 from schemas import DeadLetter, Request, SamplingParams, Subjects, TokenChunk, decode, encode
+from schemas.streams import WORKERS_BUCKET
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -55,6 +56,15 @@ async def test_poison_is_refused_once_and_the_fleet_serves_on(fleet, where: str)
             "worker": subjects.req_worker(M, workers[0]),
             "submit": subjects.submit(M),
         }[where]
+        # a worker's own consumer delivers only what is published after it exists; it exists once
+        # the worker is registered (the frontend is ready with one worker of two registered)
+        registered = await nc.jetstream().key_value(subjects.bucket_name(WORKERS_BUCKET))
+
+        async def all_registered() -> bool:
+            keys = await registered.keys()
+            return set(workers) <= set(keys)
+
+        await wait_for(all_registered, timeout=30)
         poison = _poison(rid)
         for _, req in poison:
             await nc.jetstream().publish(subject, encode(req))
