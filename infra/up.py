@@ -53,6 +53,31 @@ def _servers(args: argparse.Namespace) -> tuple[EmbeddedNats, EmbeddedRedis]:
     return nats, redis
 
 
+def _fleet_servers(args: argparse.Namespace) -> tuple[str, str, list[EmbeddedNats | EmbeddedRedis]]:
+    """NATS and Redis URLs for the fleet: the ones given (``--nats``, ``--redis``: a cluster, a
+    Sentinel set, any server already running), else embedded ones ``up`` starts and stops."""
+    state = Path(args.state_dir).resolve()
+    started: list[EmbeddedNats | EmbeddedRedis] = []
+    try:
+        nats_url = args.nats
+        if not nats_url:
+            nats = EmbeddedNats(state / "nats", port=args.nats_port)
+            nats.start()
+            started.append(nats)
+            nats_url = nats.url
+        redis_url = args.redis
+        if not redis_url:
+            redis = EmbeddedRedis(state / "redis", port=args.redis_port)
+            redis.start()
+            started.append(redis)
+            redis_url = redis.url
+    except BaseException:
+        for server in reversed(started):
+            server.stop()
+        raise
+    return str(nats_url), str(redis_url), started
+
+
 def run_servers(args: argparse.Namespace) -> int:
     _install_stop_handlers()
     nats, redis = _servers(args)
@@ -122,18 +147,18 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     _install_stop_handlers()
     if args.otlp_endpoint:  # every process up starts reads it (base.tracing)
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
-    nats, redis = _servers(args)
+    nats_url, redis_url, servers = _fleet_servers(args)
     group = ProcessGroup(Path(args.state_dir).resolve() / "logs")
     common = [
         "--nats",
-        nats.url,
+        nats_url,
         "--subject-prefix",
         subjects.prefix,
         "--log-level",
         args.log_level,
     ]
     try:
-        uvloop.run(infra_init(nats.url, subjects, 1, quiet=True))
+        uvloop.run(infra_init(nats_url, subjects, args.replicas, quiet=True))
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
@@ -148,9 +173,9 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
                     group.start(f"{role}-{i}" if args.disagg else f"worker-{i}", worker)
         if args.router == "kv":
             ops["indexer"] = free_port()
-            indexer = ["--redis", redis.url, "--metrics-port", str(ops["indexer"])]
+            indexer = ["--redis", redis_url, "--metrics-port", str(ops["indexer"])]
             group.start("indexer", cli_command("indexer", *common, *indexer))
-        routing = [*routing_argv(args), "--redis", redis.url]
+        routing = [*routing_argv(args), "--redis", redis_url]
         # NATS-only clients (fleet.submit.{model}, ``jetfleet publish``) get the same routing
         ops["router"] = free_port()
         router = ["--metrics-port", str(ops["router"])]
@@ -175,13 +200,13 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))
         _say(
             f"metrics: frontend http://{args.host}:{args.port}/metrics  {ops_lines}  "
-            f"workers: jetfleet status --nats {nats.url}"
+            f"workers: jetfleet status --nats {nats_url}"
         )
         _say(
             f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "
             f"({pools} {args.engine} workers{scaling}, router {args.router})\n"
-            f"NATS {nats.url} (clients publish on {subjects.prefix}.submit.MODEL)  "
-            f"Redis {redis.url}  logs {group.log_dir}\n"
+            f"NATS {nats_url} (clients publish on {subjects.prefix}.submit.MODEL)  "
+            f"Redis {redis_url}  logs {group.log_dir}\n"
             "(Ctrl-C stops the fleet; a second Ctrl-C stops it at once)"
         )
         with contextlib.suppress(_Stop):
@@ -191,7 +216,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         _say("interrupted during start-up: stopping what was started")
         return 130
     finally:
-        _stop_everything(group, [redis, nats], drain_s=100.0 if args.planner else 30.0)
+        _stop_everything(group, servers[::-1], drain_s=100.0 if args.planner else 30.0)
     return 0
 
 

@@ -28,6 +28,17 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument("--nats-port", type=int, default=14222, help="embedded NATS (default: 14222)")
     g.add_argument("--redis-port", type=int, default=16379, help="embedded Redis (default: 16379)")
+    g.add_argument(
+        "--nats",
+        default=None,
+        help="run on this NATS (a cluster: comma-separated node URLs) instead of an embedded one",
+    )
+    g.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="stream replicas when up creates them (3 on a NATS cluster; default: 1)",
+    )
     g.add_argument("--state-dir", default=".jetfleet", help="server data and process logs")
     g.add_argument(
         "--planner",
@@ -55,6 +66,9 @@ def add_commands(sub: Any) -> None:
     CLIENT.add_to(up)
     DISAGG.add_to(up)
     add_planner_args(up)
+    # --redis (the routing flag) names a Redis to run on (a Sentinel set, one already running);
+    # without it up starts an embedded one
+    up.set_defaults(redis=None)
 
     srv = sub.add_parser("servers", help="run only the embedded NATS and Redis")
     add_common(srv, nats=False)
