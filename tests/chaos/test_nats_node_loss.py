@@ -1,4 +1,4 @@
-"""Chaos: the fleet on a 3-node NATS cluster (streams at R3) loses a node under load.
+"""Chaos: ``jetfleet up --nats <3-node cluster> --replicas 3`` loses a NATS node under load.
 
 The node killed (SIGKILL) is the leader of the requests stream, the worst one to lose: every
 process connected to it reconnects to another node, the stream elects a new leader, and no
@@ -9,18 +9,15 @@ default suite; ``-m slow`` runs the long one. Each prints its figures.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 
 import httpx
 import pytest
 
 from base.connect import connect_nats
-from base.process import cli_command
-from schemas import Subjects
-from tests.e2e.fleet import Fleet
 from tests.helpers import wait_for
 from tests.nats_cluster import NatsCluster
+from tests.up import running_up
 
 pytestmark = pytest.mark.integration
 
@@ -34,63 +31,49 @@ async def test_a_nats_node_killed_under_load_loses_no_request(
 ) -> None:
     cluster = NatsCluster(tmp_path / "nats")
     cluster.start()
-    fleet = Fleet(cluster.url, tmp_path / "logs")
     results: list[tuple[int, int, float]] = []  # status, completion tokens, seconds
     try:
-        init = await asyncio.to_thread(
-            subprocess.run,
-            cli_command("infra", "init", *fleet.common(), "--replicas", "3"),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert init.returncode == 0, init.stdout + init.stderr
-        fleet.add_worker()
-        fleet.add_worker()
-        fleet.start_frontend("--router", "round-robin")
-        url = f"{fleet.base_url}/v1/completions"
-        # the components started on the cluster kept what infra init chose: every stream R3
-        nc = await connect_nats(cluster.url, name="test-replicas")
-        try:
-            mine = [
-                i
-                for i in await nc.jetstream().streams_info()
-                if fleet.prefix in i.config.name.lower()
-            ]
-            assert len(mine) == 10 and {i.config.num_replicas for i in mine} == {3}, [
-                (i.config.name, i.config.num_replicas) for i in mine
-            ]
-        finally:
-            await nc.close()
-        sent = 0
+        with running_up(
+            tmp_path, 2, "--nats", cluster.url, "--replicas", "3", nats_url=cluster.url
+        ) as up:
+            url = f"{up.base_url}/v1/completions"
+            # up created every stream at R3, and the components it started kept that
+            nc = await connect_nats(cluster.url, name="test-replicas")
+            try:
+                mine = await nc.jetstream().streams_info()
+                assert len(mine) == 10 and {i.config.num_replicas for i in mine} == {3}, [
+                    (i.config.name, i.config.num_replicas) for i in mine
+                ]
+            finally:
+                await nc.close()
+            sent = 0
 
-        async def client_loop(http: httpx.AsyncClient) -> None:
-            nonlocal sent
-            while sent < requests:
-                sent += 1
-                body = {"model": "jetfleet-tiny", "prompt": f"chaos {sent}", "max_tokens": 16}
-                t0 = time.monotonic()
-                r = await http.post(url, json=body)
-                tokens = r.json()["usage"]["completion_tokens"] if r.status_code == 200 else 0
-                results.append((r.status_code, tokens, time.monotonic() - t0))
+            async def client_loop(http: httpx.AsyncClient) -> None:
+                nonlocal sent
+                while sent < requests:
+                    sent += 1
+                    body = {"model": "jetfleet-tiny", "prompt": f"chaos {sent}", "max_tokens": 16}
+                    t0 = time.monotonic()
+                    r = await http.post(url, json=body)
+                    tokens = r.json()["usage"]["completion_tokens"] if r.status_code == 200 else 0
+                    results.append((r.status_code, tokens, time.monotonic() - t0))
 
-        async with httpx.AsyncClient(timeout=120) as http:
-            loops = [asyncio.create_task(client_loop(http)) for _ in range(concurrency)]
-            await wait_for(lambda: len(results) >= requests // 4, timeout=60)
-            leader = cluster.stream_leader(Subjects(fleet.prefix).stream_name("REQUESTS"))
-            assert leader.proc is not None
-            leader.proc.kill()
-            killed_at = len(results)
-            await asyncio.gather(*loops)
+            async with httpx.AsyncClient(timeout=120) as http:
+                loops = [asyncio.create_task(client_loop(http)) for _ in range(concurrency)]
+                await wait_for(lambda: len(results) >= requests // 4, timeout=60)
+                leader = cluster.stream_leader(up.subjects.stream_name("REQUESTS"))
+                assert leader.proc is not None
+                leader.proc.kill()
+                killed_at = len(results)
+                await asyncio.gather(*loops)
         failed = [(s, n) for s, n, _ in results if s != 200 or n != 16]
         slowest = max(t for _, _, t in results)
         print(
-            f"\nNATS node loss: {len(results)} requests at c={concurrency}, the requests "
-            f"stream's leader killed after {killed_at}; {len(failed)} not answered in full; "
-            f"slowest {slowest:.2f}s"
+            f"\nNATS node loss under jetfleet up: {len(results)} requests at c={concurrency}, the "
+            f"requests stream's leader killed after {killed_at}; {len(failed)} not answered in "
+            f"full; slowest {slowest:.2f}s"
         )
         assert len(results) == requests
         assert not failed, failed[:10]
     finally:
-        fleet.stop()
         cluster.stop()

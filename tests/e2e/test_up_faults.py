@@ -8,12 +8,9 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,20 +20,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from base.process import cli_command, wait_http_ok
 from schemas import (
     DeadLetter,
     Request,
     RequestObservation,
     SamplingParams,
-    Subjects,
     TokenChunk,
     decode,
     encode,
 )
-from tests.e2e.fleet import free_port
 from tests.e2e.test_fuzz_http import BODIES, _check
 from tests.helpers import wait_for
+from tests.up import Up, running_up
 
 pytestmark = pytest.mark.integration
 
@@ -44,52 +39,10 @@ M = "jetfleet-tiny"
 WORKERS = 4
 
 
-@dataclass
-class Up:
-    base_url: str
-    nats_url: str
-    subjects: Subjects
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def workers(self) -> list[dict[str, Any]]:
-        done = subprocess.run(
-            cli_command("status", "--json", "--nats", self.nats_url),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        rows: list[dict[str, Any]] = json.loads(done.stdout)["workers"]
-        return [w for w in rows if w["status"] == "ready"]
-
-
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
-    tmp = tmp_path_factory.mktemp("up-faults")
-    port, nats_port = free_port(), free_port()
-    argv = cli_command(
-        "up", "--port", str(port), "--nats-port", str(nats_port), "--redis-port", "0",
-        "--state-dir", str(tmp / "state"), "--workers", str(WORKERS), "--no-planner",
-    )  # fmt: skip
-    log = tmp / "up.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
-    fleet = Up(f"http://127.0.0.1:{port}", f"nats://127.0.0.1:{nats_port}", Subjects(), proc, log)
-    try:
-        deadline = time.monotonic() + 120
-        while "jetfleet is up" not in log.read_text(errors="replace"):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        wait_http_ok(f"{fleet.base_url}/ready", 30)
-        deadline = time.monotonic() + 60
-        while len(fleet.workers()) < WORKERS:
-            assert time.monotonic() < deadline, "the workers did not all register"
-            time.sleep(0.2)
+    with running_up(tmp_path_factory.mktemp("up-faults"), WORKERS) as fleet:
         yield fleet
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(120)
 
 
 # --------------------------------------------------------------------------- poison

@@ -14,7 +14,6 @@ import pytest
 from base.connect import connect_nats, connect_redis, parse_sentinel_url
 from router.kv.keys import KvKeys
 from router.kv.resp import RespPipe
-from schemas import Subjects
 from tests.helpers import wait_for
 from tests.redis_ha import SERVICE, RedisHA
 
@@ -88,23 +87,18 @@ async def _ping(url: str) -> bool:
 
 
 async def test_routing_goes_on_through_a_failover_and_the_index_is_whole_after(
-    ha: RedisHA, nats_server, tmp_path
+    ha: RedisHA, tmp_path
 ) -> None:
-    """kv routing on Sentinel under load (c=8); the primary is killed. Every request is
-    answered in full; after the promotion the indexer writes to the new primary and a repeated
-    prefix is found there again."""
+    """``jetfleet up --redis redis+sentinel://...``: kv routing under load (c=8); the primary is
+    killed. Every request is answered in full; after the promotion the indexer writes to the new
+    primary and a repeated prefix is found there again."""
     import httpx
 
-    from tests.e2e.fleet import Fleet
+    from tests.up import running_up
 
-    fleet = Fleet(nats_server.url, tmp_path / "logs", redis_url=ha.url)
     statuses: list[int] = []
-    try:
-        fleet.add_worker("--speedup", "20")
-        fleet.add_worker("--speedup", "20")
-        fleet.start_indexer()
-        fleet.start_frontend("--router", "kv")
-        url = f"{fleet.base_url}/v1/completions"
+    with running_up(tmp_path, 2, "--redis", ha.url, "--speedup", "20") as up:
+        url = f"{up.base_url}/v1/completions"
         stop = asyncio.Event()
 
         async def client_loop(i: int, http: httpx.AsyncClient) -> None:
@@ -143,14 +137,14 @@ async def test_routing_goes_on_through_a_failover_and_the_index_is_whole_after(
                 )
 
             await wait_for(cached, timeout=20)
-        # whole: the indexer (still the one process) applied the whole stream on the new primary
-        assert fleet.group.children["indexer"].proc.poll() is None
-        nc = await connect_nats(fleet.nats_url, name="test-kv-tail")
+        # whole: the indexer (never restarted by up) applied the whole stream on the new primary
+        assert up.log.read_text().count('"name": "indexer"') == 1, "the indexer was restarted"
+        nc = await connect_nats(up.nats_url, name="test-kv-tail")
         redis = await connect_redis(ha.url)
         try:
-            stream = Subjects(fleet.prefix).stream_name("KV")
+            stream = up.subjects.stream_name("KV")
             tail = (await nc.jetstream().stream_info(stream)).state.last_seq
-            pos = KvKeys.for_prefix(fleet.prefix).pos
+            pos = KvKeys.for_prefix(up.subjects.prefix).pos
 
             async def caught_up() -> bool:
                 return int(await redis.hget(pos, "seq") or 0) >= tail
@@ -159,14 +153,13 @@ async def test_routing_goes_on_through_a_failover_and_the_index_is_whole_after(
         finally:
             await redis.aclose()
             await nc.close()
-        errors = [s for s in statuses if s != 200]
-        print(
-            f"\nsentinel failover: primary {old} -> {new} promoted in {promotion_s:.2f}s; "
-            f"{len(statuses)} requests, {len(errors)} not 200 {sorted(set(errors))}"
-        )
-        assert not errors, f"{len(errors)} of {len(statuses)} requests failed: {set(errors)}"
-    finally:
-        fleet.stop()
+    errors = [s for s in statuses if s != 200]
+    print(
+        f"\nsentinel failover under jetfleet up: primary {old} -> {new} promoted in "
+        f"{promotion_s:.2f}s; {len(statuses)} requests, {len(errors)} not 200 "
+        f"{sorted(set(errors))}"
+    )
+    assert not errors, f"{len(errors)} of {len(statuses)} requests failed: {set(errors)}"
 
 
 async def test_a_demoted_primary_is_left_for_the_new_one(ha: RedisHA) -> None:
