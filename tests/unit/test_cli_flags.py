@@ -132,6 +132,17 @@ def test_every_command_and_option_explains_itself() -> None:
     assert missing == []
 
 
-def test_up_does_not_accept_a_nats_url_it_would_ignore() -> None:
-    with pytest.raises(SystemExit):
-        parse("up", "--nats", "nats://elsewhere:4222")
+def test_up_runs_on_given_servers_or_embedded_ones() -> None:
+    """Without --nats / --redis up starts its own (None); with them it uses those (the routing
+    flag's environment default must not make up skip its embedded Redis)."""
+    embedded = parse("up")
+    assert (embedded.nats, embedded.redis, embedded.replicas) == (None, None, 1)
+    given = parse(
+        "up", "--nats", "nats://a:4222,nats://b:4222", "--redis", "redis://r:6379/0",
+        "--replicas", "3",
+    )  # fmt: skip
+    assert (given.nats, given.redis, given.replicas) == (
+        "nats://a:4222,nats://b:4222",
+        "redis://r:6379/0",
+        3,
+    )
