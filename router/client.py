@@ -61,6 +61,9 @@ class OverloadedError(RuntimeError):
 @dataclass(frozen=True)
 class ClientConfig:
     role: str = "agg"
+    also_roles: tuple[str, ...] = ()
+    """Workers of these roles are candidates too (a disaggregated model's local prefills may
+    run on its prefill workers); the pool subject (no router) stays ``role``'s."""
     stall_timeout_s: float = 60.0  # no chunk for this long from a live worker: migrate
     max_attempts: int = 3  # first try + migrations
     max_waiting_per_worker: int = 64  # shed when every worker holds capacity + this
@@ -224,6 +227,7 @@ class FleetClient:
         self.state = state
         self.router = router
         self.cfg = cfg or ClientConfig()
+        self._roles: tuple[str, ...] = (self.cfg.role, *self.cfg.also_roles)
         self._on_route = on_route
         self.active: dict[str, Generation] = {}
         self._background: set[asyncio.Task[None]] = set()  # prefill releases in flight
@@ -242,7 +246,7 @@ class FleetClient:
     async def _route(
         self, request: Request, exclude: list[str]
     ) -> tuple[str, RouteDecision | None]:
-        cands = self.state.candidates(request.model, self.cfg.role, exclude)
+        cands = self.state.candidates(request.model, self._roles, exclude)
         if not cands:
             raise NoWorkersError(f"no live worker serves model {request.model!r}")
         if self.router is None:  # pool: any worker of the role pulls
@@ -252,7 +256,7 @@ class FleetClient:
         return self.subjects.req_worker(request.model, decision.worker_id), decision
 
     def check_capacity(self, model: str) -> None:
-        if self.state.saturated(model, self.cfg.role, self.cfg.max_waiting_per_worker):
+        if self.state.saturated(model, self._roles, self.cfg.max_waiting_per_worker):
             raise OverloadedError(f"every worker serving {model!r} is saturated")
 
     def _view(self, worker_id: str) -> WorkerView | None:
@@ -326,7 +330,7 @@ class FleetClient:
     async def _wait_for_worker(self, model: str) -> None:
         deadline = time.monotonic() + self.cfg.wait_for_worker_s
         # polled: discovery has no per-model event to wait on
-        while not self.state.candidates(model, self.cfg.role):
+        while not self.state.candidates(model, self._roles):
             if time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.05)

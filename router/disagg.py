@@ -15,6 +15,13 @@ isl_or_load   remote when the uncached part is long and the prefill pool is not 
 ============  =====================================================================
 
 Every decision carries its reason (``RequestObservation.disagg_reason``).
+
+With ``local_on_prefill_workers`` (the default) a request that will be prefilled locally
+wherever it lands (a whole prompt shorter than ``isl_threshold``, or the policy ``never``) is
+routed over both pools, and runs start to end on whichever worker is best, a prefill worker
+included, as on an aggregated fleet: a fixed split whose traffic turns short and cached leaves
+no pool idle. A longer prompt is routed over the decode workers and placed as above; a saturated
+prefill pool or a failed prefill never lands a whole request on a prefill worker.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ class DisaggConfig:
     prefill_timeout_s: float = 30.0
     """A remote prefill that gives no answer for this long is abandoned: the decode worker
     prefills itself."""
+    local_on_prefill_workers: bool = True
+    """A request prefilled locally may run, start to end, on a prefill worker too (routed over
+    both pools): a fixed split whose traffic turns short and cached leaves no pool idle."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -60,6 +70,23 @@ def uncached_tokens(prompt_len: int, overlap_blocks: int, block_size: int) -> in
 def saturated(queued: Sequence[int], limit: int) -> bool:
     """Every prefill worker (its requests as best known) at the limit or past it."""
     return bool(queued) and all(q >= limit for q in queued)
+
+
+def routes_over_both_pools(cfg: DisaggConfig, prompt_len: int) -> bool:
+    """Whether a request is first routed over prefill and decode workers alike: when it will be
+    prefilled locally wherever it lands (never disaggregated, or a whole prompt shorter than the
+    threshold). A longer prompt is routed over the decode pool first, as without the option."""
+    if not cfg.local_on_prefill_workers:
+        return False
+    if cfg.policy == "never":
+        return True
+    return cfg.policy in ("isl", "isl_or_load") and prompt_len < cfg.isl_threshold
+
+
+def stays_on_prefill_worker(placement: Placement) -> bool:
+    """A request routed to a prefill worker runs there whole only when it is prefilled locally
+    by choice (short, or never disaggregated), not for a saturated pool or a failed prefill."""
+    return not placement.remote and placement.reason in ("short_uncached", "policy_never")
 
 
 def place(cfg: DisaggConfig, uncached: int, prefill_queued: Sequence[int]) -> Placement:

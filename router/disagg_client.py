@@ -31,7 +31,14 @@ import msgspec
 import structlog
 
 from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
-from router.disagg import DisaggConfig, Placement, place, uncached_tokens
+from router.disagg import (
+    DisaggConfig,
+    Placement,
+    place,
+    routes_over_both_pools,
+    stays_on_prefill_worker,
+    uncached_tokens,
+)
 from schemas import (
     ControlRequest,
     Request,
@@ -51,28 +58,35 @@ class DisaggClient:
         prefill: FleetClient,
         decode: FleetClient,
         cfg: DisaggConfig,
+        either: FleetClient | None = None,
     ) -> None:
         self.agg, self.prefill, self.decode = agg, prefill, decode
+        # routes over decode and prefill workers alike (local runs that may use a prefill worker)
+        self.either = either if either is not None else decode
         self.cfg = cfg
         self.subjects = agg.subjects
         self.state = agg.state
         self.nc = agg.nc
         self.on_placement: Callable[[str, Placement], None] = lambda _model, _p: None
 
+    def _clients(self) -> tuple[FleetClient, ...]:
+        both = () if self.either is self.decode else (self.either,)
+        return (self.agg, self.prefill, self.decode, *both)
+
     def start(self) -> None:
-        for c in (self.agg, self.prefill, self.decode):
+        for c in self._clients():
             c.start()
 
     async def stop(self) -> None:
-        for c in (self.agg, self.prefill, self.decode):
+        for c in self._clients():
             await c.stop()
 
     def worker_gone(self, worker_id: str) -> None:
-        for c in (self.agg, self.prefill, self.decode):
+        for c in self._clients():
             c.worker_gone(worker_id)
 
     async def catch_up(self) -> None:
-        for c in (self.agg, self.prefill, self.decode):
+        for c in self._clients():
             await c.catch_up()
 
     async def generate(
@@ -84,9 +98,16 @@ class DisaggClient:
             return await self.agg.generate(request, traceparent)
         # a disaggregated model (decode workers, or prefill workers whose decode workers are not
         # up yet: the decode client waits for them as the aggregated one would)
-        routed = await self.decode.route_request(request)
-        placement = self._place(request, routed[1])
+        routed, placement, on_prefill = await self._route(request)
         self.on_placement(model, placement)
+        if on_prefill:  # short and local: the prefill worker runs it start to end
+            try:
+                whole = await self.either.generate(request, traceparent, routed=routed)
+            except BaseException:
+                await self.either.unroute(request.request_id)
+                raise
+            whole.disagg, whole.disagg_reason = "local", placement.reason
+            return whole
         if placement.remote:
             accepted = time.monotonic()
             prefill_req = _prefill_request(request)
@@ -109,6 +130,26 @@ class DisaggClient:
             raise
         local.disagg, local.disagg_reason = "local", placement.reason
         return local
+
+    async def _route(
+        self, request: Request
+    ) -> tuple[tuple[str, RouteDecision | None], Placement, bool]:
+        """The worker (reserved) and the placement; True when the worker is a prefill worker
+        that runs the request whole (``router/disagg.py``)."""
+        if routes_over_both_pools(self.cfg, len(request.token_ids)):
+            routed = await self.either.route_request(request)
+            placement = self._place(request, routed[1])
+            if not self._is_prefill_worker(routed[1]):
+                return routed, placement, False
+            if stays_on_prefill_worker(placement):
+                return routed, placement, True
+            await self.either.unroute(request.request_id)  # long, or a saturated pool
+        routed = await self.decode.route_request(request)
+        return routed, self._place(request, routed[1]), False
+
+    def _is_prefill_worker(self, decision: RouteDecision | None) -> bool:
+        view = self.state.workers.get(decision.worker_id) if decision is not None else None
+        return view is not None and view.reg.role == "prefill"
 
     def _place(self, request: Request, decision: RouteDecision | None) -> Placement:
         if request.task != "generate" or request.prompt_embeds is not None:

@@ -70,14 +70,16 @@ class FleetState:
         return gone
 
     def candidates(
-        self, model: str, role: str = "agg", exclude: Iterable[str] = ()
+        self, model: str, role: str | tuple[str, ...] = "agg", exclude: Iterable[str] = ()
     ) -> list[WorkerView]:
+        """Ready workers of ``model`` in ``role`` (or any of several roles)."""
         skip = set(exclude)
+        roles = (role,) if isinstance(role, str) else role
         return [
             v
             for v in self.workers.values()
             if v.reg.model == model
-            and v.reg.role == role
+            and v.reg.role in roles
             and v.reg.status == "ready"
             and v.worker_id not in skip
         ]
@@ -88,7 +90,9 @@ class FleetState:
     def is_alive(self, worker_id: str) -> bool:
         return worker_id in self.workers
 
-    def saturated(self, model: str, role: str, max_waiting_per_worker: int) -> bool:
+    def saturated(
+        self, model: str, role: str | tuple[str, ...], max_waiting_per_worker: int
+    ) -> bool:
         """True when every candidate holds more than capacity + the waiting bound."""
         cands = self.candidates(model, role)
         if not cands:

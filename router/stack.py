@@ -89,9 +89,11 @@ def build_client(
     prefill = replace(
         base, role="prefill", max_attempts=1, stall_timeout_s=disagg.prefill_timeout_s
     )
+    decode = replace(base, role="decode")
     return DisaggClient(
         client(replace(base, role="agg")),
         client(prefill),
-        client(replace(base, role="decode")),
+        client(decode),
         disagg,
+        client(replace(decode, also_roles=("prefill",))),
     )

@@ -124,6 +124,7 @@ DISAGG = ConfigFlags(
     Flag("isl_threshold", "--disagg-isl-threshold"),
     "prefill_queue_limit",
     Flag("prefill_timeout_s", "--prefill-timeout"),
+    Flag("local_on_prefill_workers", "--disagg-local-on-prefill-workers"),
     title="disaggregated serving (models with decode workers)",
 )
 

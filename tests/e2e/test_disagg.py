@@ -163,6 +163,87 @@ async def test_short_prompts_prefill_locally_under_the_default_policy(disagg) ->
     ]
 
 
+async def test_a_short_request_runs_whole_on_an_idle_prefill_worker(
+    nats_server, redis_server, tmp_path
+) -> None:
+    """Conditional placement routes over both pools: with the decode worker busy, a short fresh
+    prompt runs start to end on the idle prefill worker; a long one still splits (prefilled
+    there, decoded on the decode worker); with the option off, the short one stays in the
+    decode pool. (Workers in real time: the busy stream lasts seconds.)"""
+    fleet = Fleet(
+        nats_server.url, tmp_path, redis_url=redis_server.url, worker_args=("--speedup", "1")
+    )
+    try:
+        fleet.add_worker("--role", "prefill")
+        fleet.add_worker("--role", "decode")
+        fleet.start_indexer()
+        remote = fleet.start_frontend("--disagg-policy", "always")
+        both = fleet.start_frontend(name="frontend-both", port=free_port())  # isl_or_load
+        decode_only = fleet.start_frontend(
+            "--no-disagg-local-on-prefill-workers", name="frontend-decode-only", port=free_port()
+        )
+        await _short_on_prefill_long_split(fleet, remote, both, decode_only)
+    finally:
+        fleet.stop()
+
+
+async def _short_on_prefill_long_split(
+    fleet: Fleet, remote: str, both: str, decode_only: str
+) -> None:
+    prefill_id, decode_id = (f"{fleet.prefix}-worker-{i}" for i in (0, 1))
+
+    def complete(url: str, prompt: str) -> None:
+        r = _client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=8, seed=1)
+        assert r.usage is not None and r.usage.completion_tokens == 8
+
+    busy = threading.Thread(  # a long generation keeps the decode worker loaded
+        target=lambda: _chat(remote, max_tokens=600, seed=21, stream=True), daemon=True
+    )
+    busy.start()
+    try:
+        await wait_for(lambda: _running(fleet, decode_id), timeout=15)
+
+        def run() -> None:
+            complete(both, f"short and fresh {time.time_ns()}")
+            complete(both, f"{time.time_ns()} Five quacking zephyrs jolt my wax bed. " * 70)
+            complete(decode_only, f"short and fresh {time.time_ns()}")
+
+        obs = await _observations(fleet, 3, run)
+        await wait_for(lambda: sum(o.isl_tokens < 100 for o in obs) == 2, timeout=10)
+    finally:
+        busy.join(60)
+    # (the busy stream, placed by the "always" frontend, may end in the middle)
+    short, kept = sorted((o for o in obs if o.isl_tokens < 100), key=lambda o: o.ts_s)
+    (long,) = [o for o in obs if o.isl_tokens > 1000 and o.disagg_reason != "policy_always"]
+    assert (short.disagg, short.disagg_reason, short.worker_id) == (
+        "local",
+        "short_uncached",
+        prefill_id,
+    )
+    assert (long.disagg, long.prefill_worker_id, long.worker_id) == (
+        "remote",
+        prefill_id,
+        decode_id,
+    )
+    assert (kept.disagg, kept.worker_id) == ("local", decode_id)
+
+
+async def _running(fleet: Fleet, worker_id: str) -> bool:
+    import nats
+
+    from schemas import Subjects
+
+    nc = await nats.connect(fleet.nats_url)
+    try:
+        s = Subjects(fleet.prefix)
+        msg = await nc.jetstream().get_last_msg(
+            s.stream_name("METRICS"), s.metrics(MODEL, "decode", worker_id)
+        )
+        return decode(msg.data or b"", WorkerLoad).num_running > 0
+    finally:
+        await nc.close()
+
+
 async def test_nats_clients_get_the_first_token_through_the_router_service(disagg) -> None:
     """A NATS-only client reads one ordinary stream: the decode worker generates every token
     after pulling the prefill's KV (the router service placed the prefill remotely)."""

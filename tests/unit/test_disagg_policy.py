@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from router.disagg import DisaggConfig, Placement, place, saturated, uncached_tokens
+from router.disagg import (
+    DisaggConfig,
+    Placement,
+    place,
+    routes_over_both_pools,
+    saturated,
+    stays_on_prefill_worker,
+    uncached_tokens,
+)
 
 
 @pytest.mark.parametrize(
@@ -26,6 +34,41 @@ from router.disagg import DisaggConfig, Placement, place, saturated, uncached_to
 def test_placement(policy: str, uncached: int, queued: list[int], expected: Placement) -> None:
     cfg = DisaggConfig(policy=policy, isl_threshold=2048, prefill_queue_limit=4)  # type: ignore[arg-type]
     assert place(cfg, uncached, queued) == expected
+
+
+@pytest.mark.parametrize(
+    ("placement", "stays"),
+    [
+        (Placement(False, "short_uncached"), True),
+        (Placement(False, "policy_never"), True),
+        (Placement(False, "prefill_saturated"), False),  # long: not on a busy prefill worker
+        (Placement(False, "prefill_unavailable"), False),
+        (Placement(True, "long_uncached"), False),
+        (Placement(True, "policy_always"), False),
+    ],
+)
+def test_a_prefill_worker_runs_a_request_whole_only_when_it_is_short_by_choice(
+    placement: Placement, stays: bool
+) -> None:
+    assert stays_on_prefill_worker(placement) is stays
+
+
+@pytest.mark.parametrize(
+    ("cfg", "prompt_len", "both"),
+    [
+        (DisaggConfig(), 2047, True),  # short anywhere: local wherever it lands
+        (DisaggConfig(), 2048, False),  # may go remote: the decode pool first
+        (DisaggConfig(policy="isl"), 100, True),
+        (DisaggConfig(policy="never"), 90000, True),
+        (DisaggConfig(policy="always"), 10, False),
+        (DisaggConfig(policy="load"), 10, False),  # local only when the prefill pool is full
+        (DisaggConfig(local_on_prefill_workers=False), 10, False),
+    ],
+)
+def test_which_requests_are_routed_over_both_pools(
+    cfg: DisaggConfig, prompt_len: int, both: bool
+) -> None:
+    assert routes_over_both_pools(cfg, prompt_len) is both
 
 
 def test_helpers_and_validation() -> None:
