@@ -32,11 +32,17 @@ from tests.bench.fleetctl import BenchFleet
 from tests.bench.loadgen import LevelResult, RequestResult, percentile, run_level
 from tests.bench.planner_ramp import Pool
 
-CONFIGS: dict[str, tuple[tuple[str, ...], str]] = {
-    "agg4": (("agg",) * 4, "never"),
-    "1p3d": (("prefill", "decode", "decode", "decode"), "always"),
-    "2p2d": (("prefill", "prefill", "decode", "decode"), "always"),
-    "cond2p2d": (("prefill", "prefill", "decode", "decode"), "isl_or_load"),
+SPLIT = ("prefill", "prefill", "decode", "decode")
+CONFIGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # roles, frontend flags
+    "agg4": (("agg",) * 4, ("--disagg-policy", "never")),
+    "1p3d": (("prefill", "decode", "decode", "decode"), ("--disagg-policy", "always")),
+    "2p2d": (SPLIT, ("--disagg-policy", "always")),
+    "cond2p2d": (SPLIT, ("--disagg-policy", "isl_or_load")),
+    # the same, local prefills kept in the decode pool (before 2026-11-25)
+    "cond2p2d-decode-only": (
+        SPLIT,
+        ("--disagg-policy", "isl_or_load", "--no-disagg-local-on-prefill-workers"),
+    ),
 }
 
 
@@ -61,13 +67,13 @@ def _metric(text: str, name: str, labels: str = "") -> float:
 
 
 def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, object]:
-    roles, policy = CONFIGS[config]
+    roles, frontend_args = CONFIGS[config]
     texts, out_tokens, concurrency = prompts(workload, args.seed, args.scale)
     with BenchFleet(
         roles=roles,
         worker_args=("--speedup", str(args.speedup)),
         router="kv",
-        frontend_args=("--disagg-policy", policy),
+        frontend_args=frontend_args,
     ) as fleet:
         if args.kill_prefill_after:  # kill -9 every prefill worker mid-run
             victims = [f"worker-{i}" for i, role in enumerate(roles) if role == "prefill"]

@@ -6,7 +6,9 @@ mocker's own scheduler cores, without processes or clocks, so comparisons are de
 Each worker is a ``Scheduler`` (the mocker's pure core) stepped by an event loop: a step's
 outputs exist when its simulated duration has passed. Aggregated requests go to the worker with
 the fewest requests; disaggregated ones are placed as ``router/disagg.py`` says (the decode
-worker chosen first, least loaded; its cached prefix decides ``isl_or_load``): a remote prefill
+worker chosen first, least loaded; its cached prefix decides ``isl_or_load``; a prompt short
+enough to be prefilled locally anywhere goes to the least loaded worker of both pools): a remote
+prefill
 runs on the least loaded prefill worker with ``max_tokens=1`` and holds its blocks; the decode
 worker pulls the KV over its fair-shared link (the core's transfer model) and generates every
 token; the prefill worker frees its blocks when the transfer lands. Closed loop, the same
@@ -27,17 +29,22 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 
-from router.disagg import DisaggConfig, place, uncached_tokens
+from router.disagg import DisaggConfig, place, routes_over_both_pools, uncached_tokens
 from schemas.hashing import block_hashes, hash_seed
 from tests.bench.loadgen import percentile
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.mocker.scheduler import Scheduler, SeqRequest, StepResult
 
-FLEETS: dict[str, tuple[tuple[str, ...], str]] = {
-    "agg4": (("agg",) * 4, "never"),
-    "1p3d": (("prefill", "decode", "decode", "decode"), "always"),
-    "2p2d": (("prefill", "prefill", "decode", "decode"), "always"),
-    "cond2p2d": (("prefill", "prefill", "decode", "decode"), "isl_or_load"),
+SPLIT = ("prefill", "prefill", "decode", "decode")
+FLEETS: dict[str, tuple[tuple[str, ...], DisaggConfig]] = {
+    "agg4": (("agg",) * 4, DisaggConfig(policy="never")),
+    "1p3d": (("prefill", "decode", "decode", "decode"), DisaggConfig(policy="always")),
+    "2p2d": (SPLIT, DisaggConfig(policy="always")),
+    "cond2p2d": (SPLIT, DisaggConfig(policy="isl_or_load")),
+    "cond2p2d-decode-only": (
+        SPLIT,
+        DisaggConfig(policy="isl_or_load", local_on_prefill_workers=False),
+    ),
 }
 WORKLOADS = {  # requests, prompt tokens (shared prefix, fresh tail), output tokens, concurrency
     "long": (48, 0, 7936, 256, 8),
@@ -68,10 +75,10 @@ class _Req:
 
 class Simulation:
     def __init__(self, fleet: str, workload: str, seed: int) -> None:
-        roles, policy = FLEETS[fleet]
+        roles, disagg = FLEETS[fleet]
         cfg = MockerConfig(kv_block_bytes=BLOCK_BYTES)
         self.workers = [_Worker(i, r, Scheduler(cfg)) for i, r in enumerate(roles)]
-        self.disagg = DisaggConfig(policy=policy)  # type: ignore[arg-type]
+        self.disagg = disagg
         self.events: list[tuple[float, int, str, object]] = []
         self.order = itertools.count()
         self.now = 0.0
@@ -124,8 +131,8 @@ class Simulation:
         self.kick(w)
 
     # ---- requests
-    def least_loaded(self, role: str) -> _Worker:
-        pool = [w for w in self.workers if w.role == role]
+    def least_loaded(self, *roles: str) -> _Worker:
+        pool = [w for w in self.workers if w.role in roles]
         return min(
             pool, key=lambda w: (w.sched.stats().num_running + len(w.sched.waiting), w.index)
         )
@@ -139,6 +146,10 @@ class Simulation:
         self.reqs[req.rid] = req
         if all(w.role == "agg" for w in self.workers):
             self.add(self.least_loaded("agg"), req, remote=False)
+            return
+        if routes_over_both_pools(self.disagg, len(req.prompt)):  # local wherever it lands
+            self.placements.append(False)
+            self.add(self.least_loaded("decode", "prefill"), req, remote=False)
             return
         decode = self.least_loaded("decode")
         bs = decode.sched.config.block_size
