@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -86,12 +86,17 @@ def _map_entry(engine: bytes, value: bytes) -> tuple[bytes, int | None]:
 class AppliedLater:
     """The results of started apply calls: one flag per batch, in order."""
 
-    def __init__(self, replies: Sequence[Any]) -> None:
-        self._replies = replies  # futures (lean pipe) or replies
+    def __init__(
+        self,
+        replies: Sequence[Any],
+        wait: Callable[[Sequence[asyncio.Future[Any]]], Awaitable[list[Any]]] | None = None,
+    ) -> None:
+        self._replies = replies  # futures (lean pipe, read by ``wait``: bounded) or replies
+        self._wait = wait
 
     async def results(self) -> list[ApplyResult]:
-        flags = b"".join([await r if isinstance(r, asyncio.Future) else r for r in self._replies])
-        return [_RESULTS[f] for f in flags]
+        replies = await self._wait(self._replies) if self._wait is not None else self._replies
+        return [_RESULTS[f] for f in b"".join(replies)]
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,7 @@ class RedisPrefixIndex:
             return AppliedLater([])
         calls = [("EVAL", lua.APPLY_MANY, 0, *args) for args in self._calls(items)]
         if self._pipe is not None:
-            return AppliedLater(await self._pipe.send_many(calls))
+            return AppliedLater(await self._pipe.send_many(calls), self._pipe.replies)
         pipe = self.redis.pipeline(transaction=False)
         for c in calls:
             pipe.execute_command(*c)

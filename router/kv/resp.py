@@ -17,8 +17,9 @@ failover) drops the connection, so the next call finds the new primary. For any 
 
 Errors: a refused or lost connection raises ``redis.exceptions.ConnectionError`` for every call in
 flight (what callers of redis-py already handle) and the next call connects again; error replies
-raise ``ResponseError`` (``NoScriptError`` for NOSCRIPT, ``NoPermissionError`` for NOPERM). No
-read timeout, as with the redis-py clients this project builds.
+raise ``ResponseError`` (``NoScriptError`` for NOSCRIPT, ``NoPermissionError`` for NOPERM). A
+reply later than ``call_timeout_s`` (5 s; pipelined replies too) raises ``TimeoutError`` from
+redis and drops the connection: a host gone without a reset is found again by the next call.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ class RespPipe:
         self._proto: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connecting: asyncio.Lock | None = None
+        self.call_timeout_s = CALL_TIMEOUT_S
 
     @classmethod
     def for_client(cls, redis: Any) -> RespPipe | None:
@@ -233,11 +235,17 @@ class RespPipe:
             proto = await self._connected()
         (fut,) = proto.send(_pack(args), 1)
         try:
-            return await asyncio.wait_for(fut, CALL_TIMEOUT_S)
+            return await asyncio.wait_for(fut, self.call_timeout_s)
         except TimeoutError:
-            if proto.transport is not None:  # a host gone without a reset: connect again
-                proto.transport.close()
-            raise RedisTimeoutError(f"no reply from Redis in {CALL_TIMEOUT_S:.0f} s") from None
+            raise self._timed_out(proto) from None
+
+    def _timed_out(self, proto: _Protocol | None) -> RedisTimeoutError:
+        """Drop the stuck connection (a host gone without a reset): the next call connects."""
+        if proto is not None and proto.transport is not None:
+            proto.transport.close()
+        if proto is self._proto:
+            self._proto = None
+        return RedisTimeoutError(f"no reply from Redis in {self.call_timeout_s:g} s")
 
     async def send_many(self, commands: Sequence[Sequence[Arg]]) -> list[asyncio.Future[Any]]:
         """Write every command now, in one write; the futures of their replies, in order. Commands
@@ -246,9 +254,20 @@ class RespPipe:
         payload = b"".join(_pack(tuple(c)) for c in commands)
         return proto.send(payload, len(commands))
 
+    async def replies(self, futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
+        """The replies of ``send_many``'s futures in order (the first error raises), all within
+        ``call_timeout_s`` of this wait."""
+        if not futures:
+            return []
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*futures), self.call_timeout_s))
+        except TimeoutError:
+            # the connection they were sent on is the current one unless it was lost since
+            raise self._timed_out(self._proto) from None
+
     async def call_many(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """Send every command in one write; their replies in order (the first error raises)."""
-        return [await f for f in await self.send_many(commands)]
+        return await self.replies(await self.send_many(commands))
 
     def close(self) -> None:
         if self._proto is not None and self._proto.transport is not None:

@@ -3,6 +3,7 @@ import uuid
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from base.connect import connect_redis
 from router.kv.keys import KvKeys
@@ -89,3 +90,35 @@ async def test_a_restored_snapshot_has_no_known_shape(index, redis_url):
         blocks.mapping, dict(zip(h, (None, *h[:-1]), strict=True))
     )
     await r.aclose()
+
+
+async def test_a_redis_that_stops_answering_times_out_pipelined_applies(index, redis_url):
+    """The indexer's pipelined applies (``start_apply``, read later) and ``call_many`` wait for
+    their replies no longer than the call timeout, as a single call does: a host gone without a
+    reset would otherwise stall the indexer for good. The next call connects again."""
+    f = Feeder(index)
+    await f.store("a", tokens(8))
+    pipe = index._pipe
+    assert pipe is not None
+    pipe.call_timeout_s = 0.3
+    first = await pipe.call("CLIENT", "ID")
+    pauser = await connect_redis(redis_url)
+    try:
+        await pauser.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # replies stop coming
+        with pytest.raises(RedisTimeoutError):
+            await f.store("b", tokens(16))
+        with pytest.raises(RedisTimeoutError):
+            await pipe.call_many([("PING",), ("PING",)])
+
+        async def answers() -> bool:
+            try:
+                return await pipe.call_many([("PING",)]) == [b"PONG"]
+            except RedisTimeoutError:
+                return False
+
+        await wait_for(answers, timeout=10)
+    finally:
+        await pauser.aclose()
+    assert await pipe.call("CLIENT", "ID") != first  # the stuck connection was dropped
+    await f.store("c", tokens(12))
+    assert "c" in await index.match(M, block_hashes(tokens(12), BS))
