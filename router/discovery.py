@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,9 +32,11 @@ from schemas.subjects import Subjects
 log = structlog.get_logger("jetfleet.discovery")
 
 # Reading a model's tokenizer from the object store: nats-py's ``ObjectStore.get`` waits for its
-# chunks without a deadline, and a worker that re-puts the same object (several start at once and
-# each finds it absent) purges the chunks another reader is waiting for. So each read has a deadline
-# and a failed read is tried again: the object is there, under a new set of chunks.
+# chunks without a deadline (and keeps its consumer when cancelled), and a worker that re-puts the
+# same object (several start at once and each finds it absent) purges the chunks another reader
+# is waiting for. So the chunks are read here with a deadline, the consumer is always removed, the
+# bytes are checked against the card's digest, and a failed read is tried again: the object is
+# there, under a new set of chunks.
 TOKENIZER_READ_TIMEOUT_S = 10.0
 TOKENIZER_READ_ATTEMPTS = 6
 
@@ -167,22 +170,37 @@ class Discovery:
     async def _read_tokenizer(self, card: ModelCard) -> bytes:
         for attempt in range(1, TOKENIZER_READ_ATTEMPTS + 1):
             try:
-                obj = await asyncio.wait_for(
-                    self._files.get(card.tokenizer_object), self.tokenizer_read_timeout_s
+                return await asyncio.wait_for(
+                    self._read_object(card), self.tokenizer_read_timeout_s
                 )
-            except Exception as exc:  # a deadline, or chunks purged under the read
+            except Exception as exc:  # a deadline, chunks purged under the read, a bad digest
                 log.warning(
                     "model_tokenizer_retry",
                     model=card.name,
                     attempt=attempt,
                     error=str(exc) or type(exc).__name__,
                 )
-                await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
-                continue
-            if obj.data:
-                return bytes(obj.data)
-            raise ValueError(f"the tokenizer of {card.name} is empty in the model store")
+                if attempt < TOKENIZER_READ_ATTEMPTS:
+                    await asyncio.sleep(min(0.2 * 2**attempt, 5.0))
+        log.error("model_unavailable", model=card.name, object=card.tokenizer_object)
         raise ValueError(f"the tokenizer of {card.name} could not be read from the model store")
+
+    async def _read_object(self, card: ModelCard) -> bytes:
+        info = await self._files.get_info(card.tokenizer_object)
+        if not info.nuid or not info.size:
+            raise ValueError(f"the tokenizer of {card.name} is empty in the model store")
+        bucket = self.subjects.bucket_name(MODEL_FILES_STORE)
+        sub = await self.js.subscribe(f"$O.{bucket}.C.{info.nuid}", ordered_consumer=True)
+        data = bytearray()
+        try:
+            while len(data) < info.size:
+                data += (await sub.next_msg(timeout=self.tokenizer_read_timeout_s)).data
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if hashlib.sha256(data).hexdigest() != card.tokenizer_sha256:
+            raise ValueError(f"the tokenizer of {card.name} does not match its card's digest")
+        return bytes(data)
 
     async def _on_load(self, msg: Msg) -> None:
         try:

@@ -50,6 +50,12 @@ async def test_a_tokenizer_whose_chunks_were_purged_is_read_again(nc, subjects):
         await wait_for(lambda: local.name in discovery.models, timeout=5)
         served = discovery.models[local.name]
         assert served.tokenizer.decode(served.tokenizer.encode("hello fleet")) == "hello fleet"
+
+        # the reads' consumers are gone with them, the abandoned one included
+        async def no_readers() -> bool:
+            return not await js.consumers_info(stream)
+
+        await wait_for(no_readers, timeout=10)
     finally:
         started.cancel()
         await discovery.stop()
