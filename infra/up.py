@@ -1,4 +1,5 @@
-"""``jetfleet up`` and ``jetfleet servers``: the local fleet on embedded servers."""
+"""``jetfleet up`` and ``jetfleet servers``: the local fleet, on embedded servers unless it is
+given a NATS (``--nats``, a cluster too) and a Redis (``--redis``, Sentinel too) to run on."""
 
 from __future__ import annotations
 

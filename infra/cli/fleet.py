@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,9 @@ COMMANDS = ("up", "servers", "infra", "publish", "status")
 
 
 def add_commands(sub: Any) -> None:
-    up = sub.add_parser("up", help="run the whole local fleet on embedded servers")
+    up = sub.add_parser(
+        "up", help="run the whole local fleet (on embedded servers unless --nats / --redis)"
+    )
     add_common(up, nats=False)
     g = up.add_argument_group("fleet")
     g.add_argument("--workers", type=int, default=2, help="workers to start (default: 2)")
@@ -67,8 +70,14 @@ def add_commands(sub: Any) -> None:
     DISAGG.add_to(up)
     add_planner_args(up)
     # --redis (the routing flag) names a Redis to run on (a Sentinel set, one already running);
-    # without it up starts an embedded one
+    # without it up starts an embedded one (JETFLEET_REDIS_URL is not read by up)
     up.set_defaults(redis=None)
+    for action in up._actions:
+        if action.dest == "redis":
+            action.help = (
+                "run on this Redis instead of an embedded one: redis://, rediss://, unix:// or "
+                "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]"
+            )
 
     srv = sub.add_parser("servers", help="run only the embedded NATS and Redis")
     add_common(srv, nats=False)
@@ -102,6 +111,9 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
     if args.cmd == "up":
         from infra.up import run_up
 
+        if args.replicas > 1 and not args.nats:
+            print("jetfleet up: --replicas above 1 needs a NATS cluster (--nats)", file=sys.stderr)
+            return 2
         return run_up(args, subjects)
     if args.cmd == "servers":
         from infra.up import run_servers
