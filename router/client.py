@@ -322,10 +322,14 @@ class FleetClient:
         self._count(gen.worker_id, +1)
         try:
             await self._publish(gen, subject)
-        except Exception:
+        except BaseException:  # a cancelled caller too: no entry, count or subscription left
             await self.release(gen)
             raise
         return gen
+
+    def in_flight_on(self, worker_id: str) -> int:
+        """This client's requests whose current attempt runs on ``worker_id``."""
+        return sum(g.worker_id == worker_id for g in self.active.values())
 
     async def _wait_for_worker(self, model: str) -> None:
         deadline = time.monotonic() + self.cfg.wait_for_worker_s

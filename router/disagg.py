@@ -3,8 +3,9 @@
 A fleet with ``decode`` workers serves a request in two phases when that pays: a ``prefill``
 worker computes the prompt (``max_tokens=1``, ``kv_transfer_params={"do_remote_decode": true}``)
 and keeps its KV; the decode worker the router chose pulls that KV and generates the rest.
-Otherwise the decode worker prefills locally. The choice is made per request, from the decode
-worker's own view of the prompt (the part it has not cached) and the prefill pool's load:
+Otherwise the request is prefilled locally (see ``local_on_prefill_workers`` below for where).
+The choice is made per request, from the decode worker's own view of the prompt (the part it has
+not cached) and the prefill pool's load:
 
 ============  =====================================================================
 never         always local
@@ -39,9 +40,11 @@ class DisaggConfig:
     policy: Policy = "isl_or_load"
     """How each request's prefill is placed (see router/disagg.py)."""
     isl_threshold: int = 2048
-    """A prompt whose part the decode worker has not cached is at least this long goes remote."""
+    """A prompt whose part the decode worker has not cached is at least this long goes remote;
+    a whole prompt shorter than this is routed over both pools (``local_on_prefill_workers``)."""
     prefill_queue_limit: int = 4
-    """The prefill pool is saturated when every prefill worker holds this many requests."""
+    """The prefill pool is saturated when every prefill worker holds this many prefills (remote
+    prefills in flight, or requests it reports waiting; not the whole requests it decodes)."""
     prefill_timeout_s: float = 30.0
     """A remote prefill that gives no answer for this long is abandoned: the decode worker
     prefills itself."""
@@ -85,8 +88,13 @@ def routes_over_both_pools(cfg: DisaggConfig, prompt_len: int) -> bool:
 
 def stays_on_prefill_worker(placement: Placement) -> bool:
     """A request routed to a prefill worker runs there whole only when it is prefilled locally
-    by choice (short, or never disaggregated), not for a saturated pool or a failed prefill."""
-    return not placement.remote and placement.reason in ("short_uncached", "policy_never")
+    by choice (short, never disaggregated, or no prefill at all: an embedding, prompt embeds),
+    not for a saturated pool or a failed prefill."""
+    return not placement.remote and placement.reason in (
+        "short_uncached",
+        "policy_never",
+        "not_a_prefill",
+    )
 
 
 def place(cfg: DisaggConfig, uncached: int, prefill_queued: Sequence[int]) -> Placement:

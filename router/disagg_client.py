@@ -13,6 +13,13 @@ Remote placement, for a request ``r``:
    disaggregation proxy and NVIDIA Dynamo: the whole answer comes from one sampler, and NATS
    clients read one ordinary stream on ``fleet.tok.r``.
 
+A request that will be prefilled locally wherever it lands (a whole prompt under the threshold,
+the policy ``never``, or no prefill at all: an embedding) is routed over both pools by a fourth
+client (``either``, with a router only) and, when a prefill worker is the best, runs there whole
+(``disagg_reason`` ``..._on_prefill``). A prefill worker's queue, for the saturation rule, is the
+remote prefills this client has in flight there or the requests it reports waiting, not the
+whole requests it decodes.
+
 A prefill that fails, stalls past ``prefill_timeout_s`` or cannot be placed falls back to a local
 prefill on the same decode worker: the client sees a normal answer. The prefill worker frees the
 blocks it held when the decode worker confirms the pull, when the frontend says none will come
@@ -97,17 +104,14 @@ class DisaggClient:
         if not state.candidates(model, "decode") and not state.candidates(model, "prefill"):
             return await self.agg.generate(request, traceparent)
         # a disaggregated model (decode workers, or prefill workers whose decode workers are not
-        # up yet: the decode client waits for them as the aggregated one would)
+        # up yet: the decode client waits for them as the aggregated one would, unless the
+        # request may run whole on a prefill worker)
         routed, placement, on_prefill = await self._route(request)
+        if on_prefill:  # local anyway: the prefill worker runs it start to end
+            placement = Placement(False, f"{placement.reason}_on_prefill")
+            self.on_placement(model, placement)
+            return await self._local(self.either, request, traceparent, routed, placement)
         self.on_placement(model, placement)
-        if on_prefill:  # short and local: the prefill worker runs it start to end
-            try:
-                whole = await self.either.generate(request, traceparent, routed=routed)
-            except BaseException:
-                await self.either.unroute(request.request_id)
-                raise
-            whole.disagg, whole.disagg_reason = "local", placement.reason
-            return whole
         if placement.remote:
             accepted = time.monotonic()
             prefill_req = _prefill_request(request)
@@ -123,27 +127,40 @@ class DisaggClient:
                 gen = DisaggGeneration(self, request, routed, traceparent, pgen, accepted)
                 gen.disagg_reason = placement.reason
                 return gen
+        return await self._local(self.decode, request, traceparent, routed, placement)
+
+    @staticmethod
+    async def _local(
+        client: FleetClient,
+        request: Request,
+        traceparent: str | None,
+        routed: tuple[str, RouteDecision | None],
+        placement: Placement,
+    ) -> Generation:
         try:
-            local = await self.decode.generate(request, traceparent, routed=routed)
-        except BaseException:
-            await self.decode.unroute(request.request_id)
+            gen = await client.generate(request, traceparent, routed=routed)
+        except BaseException:  # the reservation must not outlive the request
+            await client.unroute(request.request_id)
             raise
-        local.disagg, local.disagg_reason = "local", placement.reason
-        return local
+        gen.disagg, gen.disagg_reason = "local", placement.reason
+        return gen
 
     async def _route(
         self, request: Request
     ) -> tuple[tuple[str, RouteDecision | None], Placement, bool]:
         """The worker (reserved) and the placement; True when the worker is a prefill worker
         that runs the request whole (``router/disagg.py``)."""
-        if routes_over_both_pools(self.cfg, len(request.token_ids)):
+        if self.either is not self.decode and (
+            not _is_prefill(request) or routes_over_both_pools(self.cfg, len(request.token_ids))
+        ):
             routed = await self.either.route_request(request)
             placement = self._place(request, routed[1])
             if not self._is_prefill_worker(routed[1]):
                 return routed, placement, False
             if stays_on_prefill_worker(placement):
                 return routed, placement, True
-            await self.either.unroute(request.request_id)  # long, or a saturated pool
+            # a race (the prefill pool filled up since): the decode pool, as for a long prompt
+            await self.either.unroute(request.request_id)
         routed = await self.decode.route_request(request)
         return routed, self._place(request, routed[1]), False
 
@@ -152,7 +169,7 @@ class DisaggClient:
         return view is not None and view.reg.role == "prefill"
 
     def _place(self, request: Request, decision: RouteDecision | None) -> Placement:
-        if request.task != "generate" or request.prompt_embeds is not None:
+        if not _is_prefill(request):
             return Placement(False, "not_a_prefill")
         overlap, block_size = 0, 16
         if decision is not None:
@@ -161,7 +178,10 @@ class DisaggClient:
             view = self.state.workers.get(decision.worker_id)
             block_size = view.reg.block_size if view is not None else block_size
         uncached = uncached_tokens(len(request.token_ids), overlap, block_size)
-        queued = [v.queued_estimate() for v in self.state.candidates(request.model, "prefill")]
+        queued = [
+            max(self.prefill.in_flight_on(v.worker_id), v.load.num_waiting if v.load else 0)
+            for v in self.state.candidates(request.model, "prefill")
+        ]
         return place(self.cfg, uncached, queued)
 
     async def release_prefill(self, worker_id: str, request_id: str) -> None:
@@ -171,6 +191,11 @@ class DisaggClient:
         body = encode(ControlRequest(args={"request_id": request_id}))
         with contextlib.suppress(Exception):
             await self.nc.publish(self.subjects.ctl(worker_id, "kv_release"), body)
+
+
+def _is_prefill(request: Request) -> bool:
+    """A request with a prompt to prefill (not an embedding, not prompt embeddings)."""
+    return request.task == "generate" and request.prompt_embeds is None
 
 
 def _prefill_request(request: Request) -> Request:

@@ -90,10 +90,12 @@ def build_client(
         base, role="prefill", max_attempts=1, stall_timeout_s=disagg.prefill_timeout_s
     )
     decode = replace(base, role="decode")
+    # over both pools only with a router: a pool (no router) is one subject per role
+    either = client(replace(decode, also_roles=("prefill",))) if router is not None else None
     return DisaggClient(
         client(replace(base, role="agg")),
         client(prefill),
         client(decode),
         disagg,
-        client(replace(decode, also_roles=("prefill",))),
+        either,
     )

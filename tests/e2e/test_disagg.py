@@ -64,14 +64,20 @@ def _chat(url: str, stream: bool = False, **kw: Any) -> str:
     return r.choices[0].message.content or ""
 
 
-async def _observations(fleet: Fleet, count: int, action) -> list[RequestObservation]:
+async def _observations(
+    fleet: Fleet, count: int, action, keep=lambda _o: True
+) -> list[RequestObservation]:
+    """The observations (those ``keep`` says are of interest) published while ``action`` runs,
+    once ``count`` of them arrived."""
     import nats
 
     nc = await nats.connect(fleet.nats_url)
     got: list[RequestObservation] = []
 
     async def on(msg) -> None:
-        got.append(decode(msg.data, RequestObservation))
+        o = decode(msg.data, RequestObservation)
+        if keep(o):
+            got.append(o)
 
     await nc.subscribe(f"{fleet.prefix}.obs.{MODEL}", cb=on)
     try:
@@ -125,7 +131,9 @@ async def test_remote_and_local_prefill_give_the_same_answer_and_say_so(disagg) 
     r = by["remote"]
     assert r.disagg_reason == "policy_always" and r.prefill_worker_id and r.kv_transfer_ms > 0
     assert r.worker_id != r.prefill_worker_id and r.attempts == 1 and r.osl_tokens == 12
-    assert by["local"].disagg_reason == "policy_never" and by["local"].kv_transfer_ms == 0
+    # policy never: local, on whichever pool's worker was best
+    assert by["local"].disagg_reason in ("policy_never", "policy_never_on_prefill")
+    assert by["local"].kv_transfer_ms == 0
     # the prefill worker freed what it held once the decode worker pulled it; nothing leaks
     loads = await _loads(fleet)
     assert set(loads) == {"prefill", "decode"}
@@ -157,8 +165,11 @@ async def test_short_prompts_prefill_locally_under_the_default_policy(disagg) ->
         _chat(url, messages=[{"role": "user", "content": fresh}])
 
     obs = await _observations(fleet, 2, run)
+    # the short one local on whichever pool's worker was best
+    short_reason = next(o.disagg_reason for o in obs if o.disagg == "local")
+    assert short_reason in ("short_uncached", "short_uncached_on_prefill")
     assert sorted((o.disagg, o.disagg_reason) for o in obs) == [
-        ("local", "short_uncached"),
+        ("local", short_reason),
         ("remote", "long_uncached"),
     ]
 
@@ -178,7 +189,8 @@ async def test_a_short_request_runs_whole_on_an_idle_prefill_worker(
         fleet.add_worker("--role", "decode")
         fleet.start_indexer()
         remote = fleet.start_frontend("--disagg-policy", "always")
-        both = fleet.start_frontend(name="frontend-both", port=free_port())  # isl_or_load
+        # isl_or_load; the lowest cost always wins (no softmax sampling between close costs)
+        both = fleet.start_frontend("--kv-temperature", "0", name="frontend-both", port=free_port())
         decode_only = fleet.start_frontend(
             "--no-disagg-local-on-prefill-workers", name="frontend-decode-only", port=free_port()
         )
@@ -208,16 +220,19 @@ async def _short_on_prefill_long_split(
             complete(both, f"{time.time_ns()} Five quacking zephyrs jolt my wax bed. " * 70)
             complete(decode_only, f"short and fresh {time.time_ns()}")
 
-        obs = await _observations(fleet, 3, run)
-        await wait_for(lambda: sum(o.isl_tokens < 100 for o in obs) == 2, timeout=10)
+        # the busy stream (placed by the "always" frontend) may end in the middle: wait for
+        # the three of this test by what they are, not for any three
+        def mine(o: RequestObservation) -> bool:
+            return o.isl_tokens < 100 or o.disagg_reason != "policy_always"
+
+        obs = await _observations(fleet, 3, run, keep=mine)
     finally:
         busy.join(60)
-    # (the busy stream, placed by the "always" frontend, may end in the middle)
     short, kept = sorted((o for o in obs if o.isl_tokens < 100), key=lambda o: o.ts_s)
-    (long,) = [o for o in obs if o.isl_tokens > 1000 and o.disagg_reason != "policy_always"]
+    (long,) = [o for o in obs if o.isl_tokens > 1000]
     assert (short.disagg, short.disagg_reason, short.worker_id) == (
         "local",
-        "short_uncached",
+        "short_uncached_on_prefill",
         prefill_id,
     )
     assert (long.disagg, long.prefill_worker_id, long.worker_id) == (

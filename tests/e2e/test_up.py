@@ -440,7 +440,8 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
             r'disagg_placements_total\{.*placement="remote",reason="long_uncached"', text
         )
         assert re.search(
-            r'disagg_placements_total\{.*placement="local",reason="short_uncached"', text
+            r'disagg_placements_total\{.*placement="local",reason="short_uncached(_on_prefill)?"',
+            text,
         )
         planner_log = (tmp_path / "state" / "logs" / "planner.log").read_text()
         assert "prefill" in planner_log and "decode" in planner_log
