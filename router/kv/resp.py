@@ -136,6 +136,14 @@ def _retrieve(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
+class _Sent(list[asyncio.Future[Any]]):
+    """The reply futures of one ``send_many``, with the connection they were written on."""
+
+    def __init__(self, futures: Sequence[asyncio.Future[Any]], proto: _Protocol) -> None:
+        super().__init__(futures)
+        self.proto = proto
+
+
 class RespPipe:
     def __init__(
         self,
@@ -252,7 +260,7 @@ class RespPipe:
         sent later on this pipe are executed after these."""
         proto = await self._connected()
         payload = b"".join(_pack(tuple(c)) for c in commands)
-        return proto.send(payload, len(commands))
+        return _Sent(proto.send(payload, len(commands)), proto)
 
     async def replies(self, futures: Sequence[asyncio.Future[Any]]) -> list[Any]:
         """The replies of ``send_many``'s futures in order (the first error raises), all within
@@ -262,8 +270,8 @@ class RespPipe:
         try:
             return list(await asyncio.wait_for(asyncio.gather(*futures), self.call_timeout_s))
         except TimeoutError:
-            # the connection they were sent on is the current one unless it was lost since
-            raise self._timed_out(self._proto) from None
+            # the connection they were sent on (not a newer one a reconnect may have opened)
+            raise self._timed_out(futures.proto if isinstance(futures, _Sent) else None) from None
 
     async def call_many(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
         """Send every command in one write; their replies in order (the first error raises)."""
