@@ -30,9 +30,15 @@ from schemas import (
 from schemas.requests import submit_msg_id
 from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET
 
+# a one-shot command: a NATS that cannot be reached is an error after this many tries (0.5 s
+# apart, each server of a cluster URL), not an endless wait
+INIT_CONNECT_ATTEMPTS = 20
+
 
 async def infra_init(nats_url: str, subjects: Subjects, replicas: int, quiet: bool = False) -> int:
-    nc = await connect_nats(nats_url, name="jetfleet-infra-init")
+    nc = await connect_nats(
+        nats_url, name="jetfleet-infra-init", max_reconnect_attempts=INIT_CONNECT_ATTEMPTS
+    )
     try:
         report = await ensure_topology(nc.jetstream(), subjects, replicas=replicas)
     finally:

@@ -159,7 +159,11 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         args.log_level,
     ]
     try:
-        uvloop.run(infra_init(nats_url, subjects, args.replicas, quiet=True))
+        try:
+            uvloop.run(infra_init(nats_url, subjects, args.replicas, quiet=True))
+        except Exception as exc:  # a given NATS that does not answer (an embedded one does)
+            _say(f"jetfleet up: cannot set up NATS at {nats_url}: {exc}")
+            return 1
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:

@@ -498,3 +498,15 @@ def test_up_with_host_tiers_loads_an_evicted_head_back(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
     assert code == 0, out.read_text()[-3000:]
+
+
+def test_up_on_a_nats_that_does_not_answer_says_so_and_exits(tmp_path: Path) -> None:
+    """``up --nats URL`` whose server is not there: a clear message and a non-zero exit within
+    seconds, not an endless wait (nor one a Ctrl-C cannot end)."""
+    dead = f"nats://127.0.0.1:{free_port()}"
+    argv = _up_argv(tmp_path, free_port(), "--nats", dead, "--workers", "1", "--no-planner")
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"cannot set up NATS at {dead}" in done.stdout
+    assert time.monotonic() - started < 30
