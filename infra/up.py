@@ -4,6 +4,7 @@ given a NATS (``--nats``, a cluster too) and a Redis (``--redis``, Sentinel too)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import signal
@@ -164,6 +165,12 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         except Exception as exc:  # a given NATS that does not answer (an embedded one does)
             _say(f"jetfleet up: cannot set up NATS at {nats_url}: {exc}")
             return 1
+        if args.redis:  # a given Redis: the frontends need it from their start
+            try:
+                uvloop.run(_ping_redis(redis_url))
+            except Exception as exc:
+                _say(f"jetfleet up: cannot reach Redis at {redis_url}: {exc or type(exc).__name__}")
+                return 1
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
@@ -223,6 +230,16 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     finally:
         _stop_everything(group, servers[::-1], drain_s=100.0 if args.planner else 30.0)
     return 0
+
+
+async def _ping_redis(url: str, timeout_s: float = 10.0) -> None:
+    from base.connect import connect_redis
+
+    redis = await connect_redis(url)
+    try:
+        await asyncio.wait_for(redis.ping(), timeout_s)
+    finally:
+        await redis.aclose()
 
 
 def _supervise(group: ProcessGroup, poll_s: float = 0.5) -> None:

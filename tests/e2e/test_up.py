@@ -510,3 +510,11 @@ def test_up_on_a_nats_that_does_not_answer_says_so_and_exits(tmp_path: Path) -> 
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"cannot set up NATS at {dead}" in done.stdout
     assert time.monotonic() - started < 30
+
+
+def test_up_on_a_redis_that_does_not_answer_says_so_and_exits(tmp_path: Path) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    argv = _up_argv(tmp_path, free_port(), "--redis", dead, "--workers", "1", "--no-planner")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"cannot reach Redis at {dead}" in done.stdout
