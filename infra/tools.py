@@ -203,10 +203,11 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
 
 
 async def connect_tool(url: str, name: str) -> NATS:
-    """A command-line tool's connection: one try, a clear error when NATS does not answer."""
+    """A command-line tool's connection: a clear error when NATS does not answer. (nats-py reads
+    ``max_reconnect_attempts`` 0 as no limit, like -1: the first connect would be tried forever.)"""
     try:
         return await connect_nats(
-            url, name=name, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=3
+            url, name=name, allow_reconnect=False, max_reconnect_attempts=1, connect_timeout=3
         )
     except Exception as exc:
         raise SystemExit(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None

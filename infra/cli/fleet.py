@@ -122,7 +122,11 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
     if args.cmd == "infra":
         from infra.tools import infra_init
 
-        return int(runner(infra_init(args.nats, subjects, args.replicas)))
+        try:
+            return int(runner(infra_init(args.nats, subjects, args.replicas)))
+        except Exception as exc:  # NATS not there (after a bounded number of tries)
+            print(f"cannot reach NATS at {args.nats}: {exc}", file=sys.stderr)
+            return 1
     if args.cmd == "publish":
         from infra.tools import publish
 

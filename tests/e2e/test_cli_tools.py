@@ -102,3 +102,25 @@ async def test_replay_traffic_sends_recorded_requests_again(fleet: Fleet) -> Non
 def _finished(fleet: Fleet) -> int:
     names = [n for n in fleet.group.children if n.startswith("worker")]
     return sum(fleet.log(n).count('"request_finished"') for n in names)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("status",), ("status", "--json"), ("publish", "hello"), ("infra", "init")],
+    ids=["status", "status-json", "publish", "infra-init"],
+)
+def test_a_tool_against_a_nats_that_is_not_there_says_so_and_exits(
+    command: tuple[str, ...],
+) -> None:
+    """No endless retry (nats-py reads max_reconnect_attempts 0 as unlimited): one clear line
+    and a non-zero exit within seconds."""
+    from tests.e2e.fleet import free_port
+
+    dead = f"nats://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = subprocess.run(
+        cli_command(*command, "--nats", dead), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert f"cannot reach NATS at {dead}" in done.stderr, done.stderr[-2000:]
+    assert time.monotonic() - started < 30
