@@ -36,9 +36,7 @@ INIT_CONNECT_ATTEMPTS = 20
 
 
 async def infra_init(nats_url: str, subjects: Subjects, replicas: int, quiet: bool = False) -> int:
-    nc = await connect_nats(
-        nats_url, name="jetfleet-infra-init", max_reconnect_attempts=INIT_CONNECT_ATTEMPTS
-    )
+    nc = await connect_tool(nats_url, "jetfleet-infra-init", attempts=INIT_CONNECT_ATTEMPTS)
     try:
         report = await ensure_topology(nc.jetstream(), subjects, replicas=replicas)
     finally:
@@ -202,12 +200,17 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
     return {"models": models, "workers": sorted(workers, key=lambda w: w["worker_id"])}
 
 
-async def connect_tool(url: str, name: str) -> NATS:
-    """A command-line tool's connection: a clear error when NATS does not answer. (nats-py reads
-    ``max_reconnect_attempts`` 0 as no limit, like -1: the first connect would be tried forever.)"""
+async def connect_tool(url: str, name: str, attempts: int = 1) -> NATS:
+    """A command-line tool's connection: ``SystemExit`` with a clear line when NATS does not
+    answer after ``attempts`` retries, 0.5 s apart (nats-py reads 0 as no limit, like -1: the
+    first connect would be tried forever)."""
     try:
         return await connect_nats(
-            url, name=name, allow_reconnect=False, max_reconnect_attempts=1, connect_timeout=3
+            url,
+            name=name,
+            allow_reconnect=False,
+            max_reconnect_attempts=max(attempts, 1),
+            connect_timeout=3,
         )
     except Exception as exc:
         raise SystemExit(f"cannot reach NATS at {url}: {exc or type(exc).__name__}") from None

@@ -42,53 +42,42 @@ def _wait_for_signal() -> None:
         threading.Event().wait()
 
 
-def _servers(args: argparse.Namespace) -> tuple[EmbeddedNats, EmbeddedRedis]:
-    state = Path(args.state_dir).resolve()
-    nats = EmbeddedNats(state / "nats", port=args.nats_port)
-    nats.start()
-    redis = EmbeddedRedis(state / "redis", port=args.redis_port)
-    try:
-        redis.start()
-    except Exception:
-        nats.stop()
-        raise
-    return nats, redis
-
-
 def _fleet_servers(args: argparse.Namespace) -> tuple[str, str, list[EmbeddedNats | EmbeddedRedis]]:
-    """NATS and Redis URLs for the fleet: the ones given (``--nats``, ``--redis``: a cluster, a
-    Sentinel set, any server already running), else embedded ones ``up`` starts and stops."""
+    """NATS and Redis URLs for the fleet: the ones given (``up --nats``, ``--redis``: a cluster, a
+    Sentinel set, any server already running), else embedded ones started here (stop them)."""
     state = Path(args.state_dir).resolve()
+    wanted: list[tuple[str | None, Callable[[], EmbeddedNats | EmbeddedRedis]]] = [
+        (getattr(args, "nats", None), lambda: EmbeddedNats(state / "nats", port=args.nats_port)),
+        (
+            getattr(args, "redis", None),
+            lambda: EmbeddedRedis(state / "redis", port=args.redis_port),
+        ),
+    ]
+    urls: list[str] = []
     started: list[EmbeddedNats | EmbeddedRedis] = []
     try:
-        nats_url = args.nats
-        if not nats_url:
-            nats = EmbeddedNats(state / "nats", port=args.nats_port)
-            nats.start()
-            started.append(nats)
-            nats_url = nats.url
-        redis_url = args.redis
-        if not redis_url:
-            redis = EmbeddedRedis(state / "redis", port=args.redis_port)
-            redis.start()
-            started.append(redis)
-            redis_url = redis.url
+        for given, embedded in wanted:
+            if not given:
+                server = embedded()
+                server.start()
+                started.append(server)
+            urls.append(given or started[-1].url)
     except BaseException:
         for server in reversed(started):
             server.stop()
         raise
-    return str(nats_url), str(redis_url), started
+    return urls[0], urls[1], started
 
 
 def run_servers(args: argparse.Namespace) -> int:
     _install_stop_handlers()
-    nats, redis = _servers(args)
-    print(f"NATS  {nats.url}\nRedis {redis.url}\n(Ctrl-C stops them)", flush=True)
+    nats_url, redis_url, servers = _fleet_servers(args)
+    print(f"NATS  {nats_url}\nRedis {redis_url}\n(Ctrl-C stops them)", flush=True)
     try:
         _wait_for_signal()
     finally:
-        redis.stop()
-        nats.stop()
+        for server in reversed(servers):
+            server.stop()
     return 0
 
 
@@ -162,7 +151,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     try:
         try:
             uvloop.run(infra_init(nats_url, subjects, args.replicas, quiet=True))
-        except Exception as exc:  # a given NATS that does not answer (an embedded one does)
+        except (Exception, SystemExit) as exc:  # a given NATS that does not answer
             _say(f"jetfleet up: cannot set up NATS at {nats_url}: {exc}")
             return 1
         if args.redis:  # a given Redis: the frontends need it from their start

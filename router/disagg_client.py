@@ -69,7 +69,7 @@ class DisaggClient:
     ) -> None:
         self.agg, self.prefill, self.decode = agg, prefill, decode
         # routes over decode and prefill workers alike (local runs that may use a prefill worker)
-        self.either = either if either is not None else decode
+        self.either = either
         self.cfg = cfg
         self.subjects = agg.subjects
         self.state = agg.state
@@ -77,7 +77,7 @@ class DisaggClient:
         self.on_placement: Callable[[str, Placement], None] = lambda _model, _p: None
 
     def _clients(self) -> tuple[FleetClient, ...]:
-        both = () if self.either is self.decode else (self.either,)
+        both = () if self.either is None else (self.either,)
         return (self.agg, self.prefill, self.decode, *both)
 
     def start(self) -> None:
@@ -106,11 +106,11 @@ class DisaggClient:
         # a disaggregated model (decode workers, or prefill workers whose decode workers are not
         # up yet: the decode client waits for them as the aggregated one would, unless the
         # request may run whole on a prefill worker)
-        routed, placement, on_prefill = await self._route(request)
-        if on_prefill:  # local anyway: the prefill worker runs it start to end
+        routed, placement, whole_on = await self._route(request)
+        if whole_on is not None:  # local anyway: the prefill worker runs it start to end
             placement = Placement(False, f"{placement.reason}_on_prefill")
             self.on_placement(model, placement)
-            return await self._local(self.either, request, traceparent, routed, placement)
+            return await self._local(whole_on, request, traceparent, routed, placement)
         self.on_placement(model, placement)
         if placement.remote:
             accepted = time.monotonic()
@@ -147,22 +147,23 @@ class DisaggClient:
 
     async def _route(
         self, request: Request
-    ) -> tuple[tuple[str, RouteDecision | None], Placement, bool]:
-        """The worker (reserved) and the placement; True when the worker is a prefill worker
-        that runs the request whole (``router/disagg.py``)."""
-        if self.either is not self.decode and (
+    ) -> tuple[tuple[str, RouteDecision | None], Placement, FleetClient | None]:
+        """The worker (reserved) and the placement; and the client that runs the request whole
+        when the worker is a prefill worker (``router/disagg.py``), else None."""
+        either = self.either
+        if either is not None and (
             not _is_prefill(request) or routes_over_both_pools(self.cfg, len(request.token_ids))
         ):
-            routed = await self.either.route_request(request)
+            routed = await either.route_request(request)
             placement = self._place(request, routed[1])
             if not self._is_prefill_worker(routed[1]):
-                return routed, placement, False
+                return routed, placement, None
             if stays_on_prefill_worker(placement):
-                return routed, placement, True
+                return routed, placement, either
             # a race (the prefill pool filled up since): the decode pool, as for a long prompt
-            await self.either.unroute(request.request_id)
+            await either.unroute(request.request_id)
         routed = await self.decode.route_request(request)
-        return routed, self._place(request, routed[1]), False
+        return routed, self._place(request, routed[1]), None
 
     def _is_prefill_worker(self, decision: RouteDecision | None) -> bool:
         view = self.state.workers.get(decision.worker_id) if decision is not None else None

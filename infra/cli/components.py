@@ -231,16 +231,14 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
     return out + MOCKER.argv(args)
 
 
-def add_routing(p: argparse.ArgumentParser) -> None:
+def add_routing(
+    p: argparse.ArgumentParser, redis_default: str | None = DEFAULT_REDIS, redis_help: str = ""
+) -> None:
     g = p.add_argument_group("routing")
     g.add_argument(
         "--router", choices=POLICY_NAMES, default="kv", help="routing policy (see the README)"
     )
-    g.add_argument(
-        "--redis",
-        default=DEFAULT_REDIS,
-        help=REDIS_HELP,
-    )
+    g.add_argument("--redis", default=redis_default, help=redis_help or REDIS_HELP)
     KV.add_to(p)
 
 

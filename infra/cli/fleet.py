@@ -65,19 +65,17 @@ def add_commands(sub: Any) -> None:
         "http://127.0.0.1:4318): sets OTEL_EXPORTER_OTLP_ENDPOINT for them",
     )
     add_engine(up)
-    add_routing(up)
+    # --redis names a Redis to run on (a Sentinel set, one already running); without it up
+    # starts an embedded one (JETFLEET_REDIS_URL is not read by up)
+    add_routing(
+        up,
+        redis_default=None,
+        redis_help="run on this Redis instead of an embedded one: redis://, rediss://, unix:// "
+        "or redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]",
+    )
     CLIENT.add_to(up)
     DISAGG.add_to(up)
     add_planner_args(up)
-    # --redis (the routing flag) names a Redis to run on (a Sentinel set, one already running);
-    # without it up starts an embedded one (JETFLEET_REDIS_URL is not read by up)
-    up.set_defaults(redis=None)
-    for action in up._actions:
-        if action.dest == "redis":
-            action.help = (
-                "run on this Redis instead of an embedded one: redis://, rediss://, unix:// or "
-                "redis+sentinel://HOST:PORT[,HOST:PORT...]/SERVICE[/DB]"
-            )
 
     srv = sub.add_parser("servers", help="run only the embedded NATS and Redis")
     add_common(srv, nats=False)
@@ -122,11 +120,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
     if args.cmd == "infra":
         from infra.tools import infra_init
 
-        try:
-            return int(runner(infra_init(args.nats, subjects, args.replicas)))
-        except Exception as exc:  # NATS not there (after a bounded number of tries)
-            print(f"cannot reach NATS at {args.nats}: {exc}", file=sys.stderr)
-            return 1
+        return int(runner(infra_init(args.nats, subjects, args.replicas)))
     if args.cmd == "publish":
         from infra.tools import publish
 
