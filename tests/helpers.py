@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 
@@ -42,3 +43,14 @@ async def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+async def sse_events(response: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of an OpenAI-style SSE stream (an httpx streaming response), up to
+    ``[DONE]``; an error event fails the test."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        assert "error" not in event, event
+        yield event

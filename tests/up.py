@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import time
@@ -39,26 +40,30 @@ class Up:
         return [w for w in rows if w["status"] == "ready"]
 
 
-@contextlib.contextmanager
-def running_up(tmp: Path, workers: int, *extra: str, nats_url: str | None = None) -> Iterator[Up]:
-    """``jetfleet up --no-planner --workers N`` plus ``extra``; on an embedded NATS unless
-    ``nats_url`` (then ``extra`` passes ``--nats``); stopped with Ctrl-C at the end."""
-    port = free_port()
-    ports = [] if nats_url else ["--nats-port", str(free_port())]
-    argv = cli_command(
-        "up", "--port", str(port), *ports, "--redis-port", "0",
-        "--state-dir", str(tmp / "state"), "--workers", str(workers), "--no-planner", *extra,
+def up_argv(tmp_path: Path, port: int, *extra: str) -> list[str]:
+    """``jetfleet up`` on its own free ports and state directory, plus ``extra``."""
+    state = str(tmp_path / "state")
+    return cli_command(
+        "up", "--port", str(port), "--nats-port", "0", "--redis-port", "0", "--state-dir", state,
+        *extra,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def running_up(tmp: Path, workers: int, *extra: str) -> Iterator[Up]:
+    """``jetfleet up --no-planner --workers N`` plus ``extra`` (``--nats URL``: on that NATS),
+    until it says it is up and every worker is registered; stopped with Ctrl-C at the end."""
+    port = free_port()
+    argv = up_argv(tmp, port, "--workers", str(workers), "--no-planner", *extra)
     log = tmp / "up.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
-    url = nats_url or f"nats://127.0.0.1:{ports[1]}"
-    fleet = Up(f"http://127.0.0.1:{port}", url, Subjects(), proc, log)
     try:
         deadline = time.monotonic() + 120
-        while "jetfleet is up" not in log.read_text(errors="replace"):
+        while not (up := _UP_LINE.search(log.read_text(errors="replace"))):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
+        fleet = Up(f"http://127.0.0.1:{port}", up.group(1), Subjects(), proc, log)
         wait_http_ok(f"{fleet.base_url}/ready", 30)
         deadline = time.monotonic() + 60
         while len(fleet.workers()) < workers:
@@ -68,3 +73,6 @@ def running_up(tmp: Path, workers: int, *extra: str, nats_url: str | None = None
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
+
+
+_UP_LINE = re.compile(r"jetfleet is up.*\nNATS (\S+) \(clients publish")

@@ -33,9 +33,7 @@ async def test_a_nats_node_killed_under_load_loses_no_request(
     cluster.start()
     results: list[tuple[int, int, float]] = []  # status, completion tokens, seconds
     try:
-        with running_up(
-            tmp_path, 2, "--nats", cluster.url, "--replicas", "3", nats_url=cluster.url
-        ) as up:
+        with running_up(tmp_path, 2, "--nats", cluster.url, "--replicas", "3") as up:
             url = f"{up.base_url}/v1/completions"
             # up created every stream at R3, and the components it started kept that
             nc = await connect_nats(cluster.url, name="test-replicas")

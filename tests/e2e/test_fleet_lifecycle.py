@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import time
@@ -17,7 +16,7 @@ from base.process import cli_command
 from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
 from tests.e2e.fleet import Fleet
-from tests.helpers import wait_for
+from tests.helpers import sse_events, wait_for
 from workers.runtime import own_consumer
 
 pytestmark = pytest.mark.integration
@@ -123,11 +122,7 @@ async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
         usage = None
         killed = False
         async with client.stream("POST", f"{slow_fleet.base_url}/v1/completions", json=body) as r:
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                assert "error" not in event, event
+            async for event in sse_events(r):
                 if event["choices"]:
                     texts.append(event["choices"][0]["text"])
                 if event.get("usage"):
@@ -164,11 +159,7 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
         usage, n_text, started = None, 0, time.monotonic()
         async with Observations(f) as obs, httpx.AsyncClient(timeout=30) as client:
             async with client.stream("POST", f"{f.base_url}/v1/completions", json=body) as r:
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[6:])
-                    assert "error" not in event, event
+                async for event in sse_events(r):
                     n_text += bool(event["choices"])
                     usage = event.get("usage") or usage
                     if stopped is None and n_text >= 3:

@@ -21,6 +21,7 @@ from openai import OpenAI
 
 from base.process import cli_command, wait_http_ok
 from tests.e2e.fleet import free_port
+from tests.up import up_argv
 
 pytestmark = pytest.mark.integration
 
@@ -252,20 +253,11 @@ def _an_agent_session_runs_on_every_endpoint(port: int) -> None:
     assert len(vector) == 64
 
 
-def _up_argv(tmp_path: Path, port: int, *extra: str) -> list[str]:
-    """``jetfleet up`` on its own free ports and state directory, plus ``extra``."""
-    state = str(tmp_path / "state")
-    return cli_command(
-        "up", "--port", str(port), "--nats-port", "0", "--redis-port", "0", "--state-dir", state,
-        *extra,
-    )  # fmt: skip
-
-
 def test_up_stops_everything_when_its_output_pipe_is_gone(tmp_path: Path) -> None:
     """``jetfleet up | tee log`` and Ctrl-C: tee dies with the terminal's SIGINT, up's cleanup
     then writes to a closed pipe; it must still stop every process, the servers included."""
     port = free_port()
-    argv = _up_argv(tmp_path, port, "--workers", "1", "--no-planner", "--log-format", "console")
+    argv = up_argv(tmp_path, port, "--workers", "1", "--no-planner", "--log-format", "console")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
     seen = b""
@@ -295,7 +287,7 @@ def _pids_alive(pids: list[int]) -> list[int]:
 def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Path) -> None:
     port = free_port()
     out = tmp_path / "up.out"
-    argv = _up_argv(tmp_path, port, "--workers", "1", "--speedup", "20", "--interval", "1")
+    argv = up_argv(tmp_path, port, "--workers", "1", "--speedup", "20", "--interval", "1")
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
@@ -350,7 +342,7 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
     the official client's retries then succeed."""
     port = free_port()
     out = tmp_path / "up.out"
-    argv = _up_argv(
+    argv = up_argv(
         tmp_path,
         port,
         "--workers",
@@ -394,7 +386,7 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
     plans both roles, a long prompt is prefilled remotely and a short one locally."""
     port = free_port()
     out = tmp_path / "up.out"
-    argv = _up_argv(
+    argv = up_argv(
         tmp_path,
         port,
         "--disagg",
@@ -456,7 +448,7 @@ def test_up_with_host_tiers_loads_an_evicted_head_back(tmp_path: Path) -> None:
     memory (counted as cached, and as cached_host in the metrics), and status shows the tier."""
     port = free_port()
     out = tmp_path / "up.out"
-    argv = _up_argv(
+    argv = up_argv(
         tmp_path, port, "--workers", "1", "--no-planner", "--speedup", "20",
         "--num-gpu-blocks", "64", "--num-cpu-blocks", "512",
     )  # fmt: skip
@@ -504,7 +496,7 @@ def test_up_on_a_nats_that_does_not_answer_says_so_and_exits(tmp_path: Path) -> 
     """``up --nats URL`` whose server is not there: a clear message and a non-zero exit within
     seconds, not an endless wait (nor one a Ctrl-C cannot end)."""
     dead = f"nats://127.0.0.1:{free_port()}"
-    argv = _up_argv(tmp_path, free_port(), "--nats", dead, "--workers", "1", "--no-planner")
+    argv = up_argv(tmp_path, free_port(), "--nats", dead, "--workers", "1", "--no-planner")
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
@@ -514,7 +506,7 @@ def test_up_on_a_nats_that_does_not_answer_says_so_and_exits(tmp_path: Path) -> 
 
 def test_up_on_a_redis_that_does_not_answer_says_so_and_exits(tmp_path: Path) -> None:
     dead = f"redis://127.0.0.1:{free_port()}/0"
-    argv = _up_argv(tmp_path, free_port(), "--redis", dead, "--workers", "1", "--no-planner")
+    argv = up_argv(tmp_path, free_port(), "--redis", dead, "--workers", "1", "--no-planner")
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"cannot reach Redis at {dead}" in done.stdout

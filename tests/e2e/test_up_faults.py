@@ -30,7 +30,7 @@ from schemas import (
     encode,
 )
 from tests.e2e.test_fuzz_http import BODIES, _check
-from tests.helpers import wait_for
+from tests.helpers import sse_events, wait_for
 from tests.up import Up, running_up
 
 pytestmark = pytest.mark.integration
@@ -205,11 +205,7 @@ async def _stream(
     texts: list[str] = []
     async with http.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200, await r.aread()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
+        async for event in sse_events(r):
             if event["choices"]:
                 texts.append(event["choices"][0]["text"])
                 progress[i] += 1
