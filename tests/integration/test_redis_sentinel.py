@@ -168,6 +168,7 @@ async def test_a_demoted_primary_is_left_for_the_new_one(ha: RedisHA) -> None:
     the calls after it locate the new primary and succeed."""
     import redis as sync_redis
     from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import ResponseError
 
     client = await connect_redis(ha.url)
     pipe = RespPipe.for_client(client)
@@ -175,8 +176,20 @@ async def test_a_demoted_primary_is_left_for_the_new_one(ha: RedisHA) -> None:
     try:
         await pipe.call("SET", "k", "1")
         old = ha.primary()
-        with sync_redis.Redis(port=ha.sentinel_ports[0]) as s:
-            s.execute_command("SENTINEL", "FAILOVER", SERVICE)
+
+        def failover() -> bool:
+            """Asked until the sentinel knows a replica good to promote (just after start it
+            may not have seen the replica's link up yet: NOGOODSLAVE)."""
+            with sync_redis.Redis(port=ha.sentinel_ports[0]) as s:
+                try:
+                    s.execute_command("SENTINEL", "FAILOVER", SERVICE)
+                except ResponseError as exc:
+                    if "NOGOODSLAVE" not in str(exc):
+                        raise
+                    return False
+            return True
+
+        await wait_for(failover, timeout=30, interval=0.2)
         await wait_for(lambda: ha.primary() not in (None, old), timeout=30)
         # the old primary is a replica now (still up), and the pipe is still connected to it
 
