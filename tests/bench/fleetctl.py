@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -56,10 +59,26 @@ class BenchFleet:
         )
         self.url = f"http://127.0.0.1:{port}"
         wait_http_ok(f"{self.url}/ready", 60, self.group)
+        self._wait_registered(len(roles), 60)
         self.pids = {name: c.proc.pid for name, c in self.group.children.items()}
         self.pids["nats-server"] = self.nats.pid
         self.pids["redis-server"] = self.redis.pid
         return self
+
+    def _wait_registered(self, n: int, timeout_s: float) -> None:
+        """Until all ``n`` workers are registered and ready: the frontend is ready with the first
+        one, and a run started then put its first burst on fewer workers (a split fleet's first
+        requests found no prefill worker and prefilled locally)."""
+        deadline = time.monotonic() + timeout_s
+        argv = cli_command("status", "--json", "--nats", self.nats.url)
+        while True:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            rows = json.loads(done.stdout)["workers"] if done.returncode == 0 else []
+            if sum(w["status"] == "ready" for w in rows) >= n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{n} workers not registered within {timeout_s}s: {rows}")
+            time.sleep(0.2)
 
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
