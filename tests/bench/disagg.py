@@ -50,9 +50,10 @@ def prompts(workload: str, seed: int, scale: float) -> tuple[list[str], int, int
     """(prompts, output tokens, concurrency); ``scale`` shrinks the request count."""
     rng = random.Random(seed)
     letters = string.ascii_letters + " "
-    if workload == "long":
-        n = max(int(48 * scale), 8)
-        return ["".join(rng.choices(letters, k=7936)) for _ in range(n)], 256, 8
+    if workload in ("long", "long50"):  # long50: NVIDIA Dynamo's published shape, 50 out
+        n = max(int((48 if workload == "long" else 96) * scale), 8)
+        out = 256 if workload == "long" else 50
+        return ["".join(rng.choices(letters, k=7936)) for _ in range(n)], out, 8
     heads = ["".join(rng.choices(letters, k=1024)) for _ in range(8)]
     n = max(int(160 * scale), 16)
     return [rng.choice(heads) + "".join(rng.choices(letters, k=64)) for _ in range(n)], 64, 16
@@ -64,6 +65,18 @@ def _metric(text: str, name: str, labels: str = "") -> float:
         if line.startswith(name) and labels in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def _local_reasons(text: str) -> dict[str, int]:
+    """Why requests were prefilled locally: the placements counter's ``reason`` label."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("jetfleet_frontend_disagg_placements_total") and (
+            'placement="local"' in line
+        ):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = out.get(reason, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, object]:
@@ -129,6 +142,7 @@ def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, objec
         "requests_per_s": round(len(ok) / wall, 2),
         "goodput_requests_per_s": round(len(good) / wall, 2),
         "prefilled_locally": round(local / (local + remote), 3) if local + remote else 1.0,
+        "local_reasons": _local_reasons(metrics),
         "kv_transfer_ms_mean": round(transfer_s / transfers * 1000, 3) if transfers else 0.0,
         "wall_s": round(wall, 1),
     }

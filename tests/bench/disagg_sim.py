@@ -48,6 +48,7 @@ FLEETS: dict[str, tuple[tuple[str, ...], DisaggConfig]] = {
 }
 WORKLOADS = {  # requests, prompt tokens (shared prefix, fresh tail), output tokens, concurrency
     "long": (48, 0, 7936, 256, 8),
+    "long50": (96, 0, 7936, 50, 8),  # NVIDIA Dynamo's published shape: ~8k in, 50 out
     "short": (160, 1024, 64, 64, 16),
 }
 BLOCK_BYTES = 2 << 20  # the shipped card: Llama-3.1-8B's KV geometry, 16-token blocks
@@ -185,6 +186,11 @@ class Simulation:
     # ---- figures
     def figures(self) -> dict[str, float]:
         ttft = [(r.tokens[0] - r.arrived) * 1000 for r in self.done]
+        itl = [  # each request's mean gap (as genai-perf and aiperf report ITL)
+            (r.tokens[-1] - r.tokens[0]) * 1000 / (len(r.tokens) - 1)
+            for r in self.done
+            if len(r.tokens) > 1
+        ]
         gaps = [
             (b - a) * 1000 for r in self.done for a, b in itertools.pairwise(r.tokens) if b > a
         ] + [0.0 for r in self.done for a, b in itertools.pairwise(r.tokens) if b <= a]
@@ -194,6 +200,8 @@ class Simulation:
             "requests": len(self.done),
             "ttft_ms_p50": percentile(ttft, 50),
             "ttft_ms_p99": percentile(ttft, 99),
+            "itl_ms_p50": percentile(itl, 50),
+            "itl_ms_p99": percentile(itl, 99),
             "token_itl_ms_p50": percentile(gaps, 50),
             "token_itl_ms_p99": percentile(gaps, 99),
             "token_itl_ms_p999": percentile(gaps, 99.9),
