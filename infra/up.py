@@ -23,8 +23,10 @@ from schemas import Subjects
 log = structlog.get_logger("jetfleet.up")
 
 
-class _Stop(Exception):
-    """SIGINT/SIGTERM arrived: unwind through the ``finally`` blocks that stop everything."""
+class _Stop(KeyboardInterrupt):
+    """SIGINT/SIGTERM arrived: unwind through the ``finally`` blocks that stop everything. A
+    ``KeyboardInterrupt``: an event loop running a start-up step (``uvloop.run``) lets it out,
+    where it logged any other exception raised in a callback and went on waiting."""
 
 
 def _raise_stop(signum: int, _frame: object) -> None:

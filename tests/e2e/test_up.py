@@ -510,3 +510,29 @@ def test_up_on_a_redis_that_does_not_answer_says_so_and_exits(tmp_path: Path) ->
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"cannot reach Redis at {dead}" in done.stdout
+
+
+def test_a_signal_during_start_up_stops_up_at_once(tmp_path: Path) -> None:
+    """SIGTERM while ``up`` waits for its NATS (here one that never answers, so start-up lasts
+    seconds): up stops what it started and exits 130 at once, not when the wait gives up."""
+    dead = f"nats://127.0.0.1:{free_port()}"
+    argv = up_argv(
+        tmp_path, free_port(), "--nats", dead, "--workers", "1", "--no-planner",
+        "--log-format", "console",
+    )  # fmt: skip
+    out = tmp_path / "up.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        redis_pid = int(_wait_line(out, r"server_started.*?pid=(\d+)", 30, proc).group(1))
+        _wait_line(out, r"nats_error.*jetfleet-infra-init", 30, proc)  # in the NATS wait
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        proc.kill()
+    text = out.read_text(errors="replace")
+    assert code == 130, text[-3000:]
+    assert "interrupted during start-up" in text
+    assert time.monotonic() - signalled < 5, "up went on waiting for NATS after the signal"
+    _wait_until(lambda: not _pids_alive([redis_pid]), 10, "the embedded Redis stops")
