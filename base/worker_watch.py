@@ -1,7 +1,8 @@
-"""A light view of discovery: the registrations in the workers bucket, no model cards or
-tokenizers. The planner asks it how many ready workers each (model, role) has right now; the
-indexer asks it to say when a worker joins and when it is gone (deleted, or no heartbeat within
-its TTL, measured on this process's clock like the router's discovery).
+"""The workers bucket as one process sees it: the registrations, who is live, who joined and
+who is gone (deleted, restarted under its id, or no heartbeat within its TTL, measured on this
+process's clock). The planner asks it how many ready workers each (model, role) has right now;
+the indexer asks it to say when a worker joins and when it is gone; the router's discovery keeps
+its ``FleetState`` in step through it (``on_heard``: every fresh registration).
 
 A worker counts while its heartbeat is fresh and its status is ``ready``; a draining worker is
 already on its way out and does not.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 from nats.aio.client import Client as NATS
@@ -91,6 +92,22 @@ def ready_counts(
     return counts
 
 
+def expired(
+    live: Mapping[str, float],
+    regs: Mapping[str, WorkerRegistration],
+    now: float,
+    heard_since: float = float("-inf"),
+) -> list[str]:
+    """Live workers (last heard at ``live[w]``, monotonic) not heard for their TTL, counting from
+    ``heard_since`` at the earliest (when heartbeats could land again after an outage of the
+    workers bucket); one without a registration is gone too. Pure."""
+    return [
+        worker_id
+        for worker_id, seen in live.items()
+        if (reg := regs.get(worker_id)) is None or now - max(seen, heard_since) > reg.ttl_s
+    ]
+
+
 class WorkerWatch:
     def __init__(
         self,
@@ -99,6 +116,7 @@ class WorkerWatch:
         on_joined: Callable[[str], None] | None = None,
         on_gone: Callable[[str], None] | None = None,
         expire_every_s: float = 1.0,
+        on_heard: Callable[[WorkerRegistration], None] | None = None,
     ) -> None:
         self.js = nc.jetstream()
         self.subjects = subjects
@@ -107,6 +125,7 @@ class WorkerWatch:
         self.synced = asyncio.Event()
         self._on_joined = on_joined
         self._on_gone = on_gone
+        self._on_heard = on_heard
         self._expire_every_s = expire_every_s
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: KeyValue.KeyWatcher | None = None
@@ -144,7 +163,10 @@ class WorkerWatch:
 
     def _gone(self, worker_id: str, why: str) -> None:
         if self.live.pop(worker_id, None) is not None and self._on_gone is not None:
-            log.info("worker_gone", worker_id=worker_id, why=why)
+            if why == "expired":
+                log.warning("worker_expired", worker_id=worker_id)
+            else:
+                log.info("worker_gone", worker_id=worker_id, why=why)
             self._on_gone(worker_id)
 
     async def _watch(self, watcher: KeyValue.KeyWatcher) -> None:
@@ -170,19 +192,18 @@ class WorkerWatch:
             known = entry.key in self.live
             self.live[entry.key] = time.monotonic()
             self.hearing.heard(self.live[entry.key], joined=not known)
-            if not known and self._on_joined is not None:
-                self._on_joined(entry.key)
+            if self._on_heard is not None:
+                self._on_heard(reg)
+            if not known:
+                log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
+                if self._on_joined is not None:
+                    self._on_joined(entry.key)
 
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(self._expire_every_s)
             now = time.monotonic()
-            gone = [
-                worker_id
-                for worker_id, seen in self.live.items()
-                if (reg := self.regs.get(worker_id)) is None
-                or now - max(seen, self.hearing.since) > reg.ttl_s
-            ]
+            gone = expired(self.live, self.regs, now, self.hearing.since)
             if gone and self.hearing.may_expire(now, min(r.ttl_s for r in self.regs.values())):
                 for worker_id in gone:
                     self._gone(worker_id, "expired")

@@ -1,10 +1,10 @@
 """Discovery watcher: keeps a router's ``FleetState`` and model table in step with NATS.
 
-- ``fleet_workers`` bucket (watched): registrations in, deletions out;
+- ``fleet_workers`` bucket (``WorkerWatch``): registrations in, deletions out, and workers whose
+  heartbeat is older than their TTL dropped; each goes away from the ``FleetState`` and is reported;
 - ``fleet_models`` bucket (watched) + ``fleet_model_files`` object store: model cards and their
   tokenizers, loaded once per tokenizer digest;
 - fleet.metrics.> (core subscription; the stream also keeps them): ``WorkerLoad`` reports;
-- a prune tick drops workers whose heartbeat is older than their TTL and reports who went away.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from base.worker_watch import Hearing
+from base.worker_watch import Hearing, WorkerWatch
 from model.tokenizer import ModelTokenizer
 from router.fleet_state import FleetState
-from schemas import ModelCard, WireDecodeError, WorkerLoad, WorkerRegistration, decode
-from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
+from schemas import ModelCard, WireDecodeError, WorkerLoad, decode
+from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET
 from schemas.subjects import Subjects
 
 log = structlog.get_logger("jetfleet.discovery")
@@ -72,34 +72,39 @@ class Discovery:
         self.models: dict[str, ServedModel] = {}
         self._on_gone = on_worker_gone
         self._on_joined = on_worker_joined
-        self._prune_interval_s = prune_interval_s
         self._tasks: list[asyncio.Task[Any]] = []
         self._watchers: list[Any] = []
         self._sub: Subscription | None = None
         self.synced = asyncio.Event()
-        self.hearing = Hearing()
+        self.watch = WorkerWatch(
+            nc,
+            subjects,
+            on_joined=on_worker_joined,
+            on_gone=self._worker_gone,
+            expire_every_s=prune_interval_s,
+            on_heard=lambda reg: state.upsert(reg, time.monotonic()),
+        )
         self.tokenizer_read_timeout_s = TOKENIZER_READ_TIMEOUT_S
+
+    @property
+    def hearing(self) -> Hearing:
+        return self.watch.hearing
 
     async def start(self) -> None:
         s = self.subjects
-        workers = await self.js.key_value(s.bucket_name(WORKERS_BUCKET))
         models = await self.js.key_value(s.bucket_name(MODELS_BUCKET))
         self._files = await self.js.object_store(s.bucket_name(MODEL_FILES_STORE))
-        w_watch = await workers.watchall()
         m_watch = await models.watchall()
-        self._watchers = [w_watch, m_watch]
+        self._watchers = [m_watch]
         self._sub = await self.nc.subscribe(s.metrics_all(), cb=self._on_load)
-        worker_sync, model_sync = asyncio.Event(), asyncio.Event()
-        self._tasks = [
-            asyncio.create_task(self._watch_workers(w_watch, worker_sync)),
-            asyncio.create_task(self._watch_models(m_watch, model_sync)),
-            asyncio.create_task(self._prune_loop()),
-        ]
-        await worker_sync.wait()
+        model_sync = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._watch_models(m_watch, model_sync))]
+        await self.watch.start()
         await model_sync.wait()
         self.synced.set()
 
     async def stop(self) -> None:
+        await self.watch.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -112,37 +117,11 @@ class Discovery:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
 
-    async def _watch_workers(self, watcher: Any, synced: asyncio.Event) -> None:
-        async for entry in watcher:
-            if entry is None:  # end of the initial values
-                synced.set()
-                continue
-            now = time.monotonic()
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                if self.state.remove(entry.key) is not None:
-                    log.info("worker_left", worker_id=entry.key, op=entry.operation)
-                    self._on_gone(entry.key)
-                continue
-            try:
-                reg = decode(entry.value, WorkerRegistration)
-            except WireDecodeError as exc:
-                log.warning("bad_registration", key=entry.key, error=str(exc))
-                continue
-            if time.time() - reg.heartbeat_at_s > reg.ttl_s:
-                continue  # a stale entry left by a dead worker
-            seen = self.state.workers.get(entry.key)
-            if seen is not None and reg.started_at_s != seen.reg.started_at_s:
-                # the same id, a new process (a restarted pod): what the old one had in flight
-                # is gone with it, so its requests migrate now, not at their stall timeout
-                self.state.remove(entry.key)
-                log.info("worker_restarted", worker_id=entry.key)
-                self._on_gone(entry.key)
-            known = entry.key in self.state.workers
-            self.state.upsert(reg, now)
-            self.hearing.heard(now, joined=not known)
-            if not known:
-                log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
-                self._on_joined(reg.worker_id)
+    def _worker_gone(self, worker_id: str) -> None:
+        """Deleted, restarted under its id or silent past its TTL: no longer a candidate, and
+        what it had in flight migrates."""
+        self.state.remove(worker_id)
+        self._on_gone(worker_id)
 
     async def _watch_models(self, watcher: Any, synced: asyncio.Event) -> None:
         async for entry in watcher:
@@ -208,18 +187,3 @@ class Discovery:
         except WireDecodeError:
             return  # observations share the stream but not this subject; others are noise
         self.state.apply_load(load, time.monotonic())
-
-    async def _prune_loop(self) -> None:
-        hearing = self.hearing
-        while True:
-            await asyncio.sleep(self._prune_interval_s)
-            now = time.monotonic()
-            due = self.state.due(now, hearing.since)
-            if not due:
-                continue
-            ttl = min(v.reg.ttl_s for v in self.state.workers.values())
-            if not hearing.may_expire(now, ttl):
-                continue  # no worker is heard: the bucket's silence, not theirs
-            for worker_id in self.state.prune(now, hearing.since):
-                log.warning("worker_expired", worker_id=worker_id)
-                self._on_gone(worker_id)

@@ -1,8 +1,8 @@
 """What a router knows about the fleet: live workers, their reported load, local in-flight counts.
 
-Pure state (no I/O). The discovery watcher feeds it registrations, deletions and load reports; the
-router reads candidates from it. A worker whose heartbeat is older than its ``ttl_s`` is not a
-candidate (``prune`` drops it and returns who went away, so in-flight requests can migrate).
+Pure state (no I/O). The discovery watcher feeds it registrations, deletions and load reports, and
+removes a worker whose heartbeat is older than its ``ttl_s`` (``base.worker_watch``), reporting it
+so in-flight requests can migrate; the router reads candidates from it.
 """
 
 from __future__ import annotations
@@ -55,19 +55,6 @@ class FleetState:
         if view is not None:
             view.load = load
             view.load_at = now
-
-    def due(self, now: float, heard_since: float = float("-inf")) -> list[str]:
-        """Workers not heard for their TTL, counting from ``heard_since`` at the earliest (when
-        heartbeats could land again after an outage of the workers bucket)."""
-        return [
-            w for w, v in self.workers.items() if now - max(v.seen_at, heard_since) > v.reg.ttl_s
-        ]
-
-    def prune(self, now: float, heard_since: float = float("-inf")) -> list[str]:
-        gone = self.due(now, heard_since)
-        for w in gone:
-            del self.workers[w]
-        return gone
 
     def candidates(
         self, model: str, role: str | tuple[str, ...] = "agg", exclude: Iterable[str] = ()

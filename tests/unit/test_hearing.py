@@ -3,8 +3,7 @@ for at most max_deaf_s; after it each worker gets a full TTL from when heartbeat
 
 from __future__ import annotations
 
-from base.worker_watch import Hearing
-from router.fleet_state import FleetState
+from base.worker_watch import Hearing, expired
 from schemas import WorkerRegistration
 
 
@@ -32,16 +31,22 @@ def test_a_silence_of_every_worker_defers_expiry_up_to_the_bound() -> None:
 
 def test_after_a_deaf_spell_each_worker_gets_a_full_ttl_from_when_beats_resume() -> None:
     h = Hearing()
-    state = FleetState()
-    state.upsert(reg("a"), 0.0)
-    state.upsert(reg("b"), 0.0)
+    regs = {"a": reg("a"), "b": reg("b")}
+    live = {"a": 0.0, "b": 0.0}  # when each was last heard
     h.heard(0.0)
     assert not h.may_expire(now=8.0, ttl_s=4.0)
-    state.upsert(reg("a"), 8.0)  # a's beat lands again, b's not yet
+    live["a"] = 8.0  # a's beat lands again, b's not yet
     h.heard(8.0)
     assert h.since == 8.0
-    assert state.due(now=10.0, heard_since=h.since) == []  # b has until 12
-    state.upsert(reg("a"), 11.0)
+    assert expired(live, regs, now=10.0, heard_since=h.since) == []  # b has until 12
+    live["a"] = 11.0
     h.heard(11.0)
-    assert state.due(now=12.5, heard_since=h.since) == ["b"]
+    assert expired(live, regs, now=12.5, heard_since=h.since) == ["b"]
     assert h.may_expire(now=12.5, ttl_s=4.0)
+
+
+def test_a_worker_not_heard_for_its_ttl_or_without_a_registration_is_expired() -> None:
+    regs = {"a": reg("a"), "b": reg("b")}
+    live = {"a": 0.0, "b": 4.0, "c": 5.0}  # c's registration was deleted
+    assert expired(live, regs, now=6.0) == ["a", "c"]
+    assert expired(live, regs, now=4.0) == ["c"]  # a is due only past its 4 s

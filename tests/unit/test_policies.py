@@ -93,13 +93,6 @@ def test_random_is_seeded_and_spreads():
     assert seq1 == seq2
 
 
-def test_prune_drops_expired_workers():
-    st = state_with(reg("a"), now=0.0)
-    st.upsert(reg("b"), 4.0)
-    assert st.prune(6.0) == ["a"]
-    assert set(st.workers) == {"b"}
-
-
 def test_saturation_needs_every_worker_past_the_bound():
     st = state_with(reg("a", cap=2), reg("b", cap=2))
     st.apply_load(load("a", running=2, waiting=1), 0.0)
