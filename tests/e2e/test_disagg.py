@@ -213,7 +213,9 @@ async def _short_on_prefill_long_split(
     )
     busy.start()
     try:
-        await wait_for(lambda: _running(fleet, decode_id), timeout=15)
+        # loaded enough that its cost is clearly the higher one (early in the stream the
+        # prefill worker's held blocks could tie it, and a tie is broken at random)
+        await wait_for(lambda: _decoding(fleet, decode_id, min_blocks=12), timeout=15)
 
         def run() -> None:
             complete(both, f"short and fresh {time.time_ns()}")
@@ -243,7 +245,8 @@ async def _short_on_prefill_long_split(
     assert (kept.disagg, kept.worker_id) == ("local", decode_id)
 
 
-async def _running(fleet: Fleet, worker_id: str) -> bool:
+async def _decoding(fleet: Fleet, worker_id: str, min_blocks: int) -> bool:
+    """The worker's last load report shows a running sequence holding ``min_blocks`` or more."""
     import nats
 
     from schemas import Subjects
@@ -254,7 +257,8 @@ async def _running(fleet: Fleet, worker_id: str) -> bool:
         msg = await nc.jetstream().get_last_msg(
             s.stream_name("METRICS"), s.metrics(MODEL, "decode", worker_id)
         )
-        return decode(msg.data or b"", WorkerLoad).num_running > 0
+        load = decode(msg.data or b"", WorkerLoad)
+        return load.num_running > 0 and load.active_decode_blocks >= min_blocks
     finally:
         await nc.close()
 
