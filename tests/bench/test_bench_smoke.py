@@ -72,7 +72,7 @@ def test_disagg_bench():
     by = {r["config"]: r for r in d["runs"]}
     assert all(r["errors"] == 0 and r["requests"] == 16 for r in by.values())
     assert by["agg4"]["prefilled_locally"] == 1.0 and by["2p2d"]["prefilled_locally"] == 0.0
-    assert by["2p2d"]["kv_transfer_ms_mean"] > 0
+    assert by["2p2d"]["kv_transfer_ms_mean"] > 0 and by["2p2d"]["local_reasons"] == {}
 
 
 def test_disagg_sim_bench():
@@ -83,6 +83,16 @@ def test_disagg_sim_bench():
     assert all(r["requests"] == 48 and r["blocks_left_held"] == 0 for r in by.values())
     assert by["1p3d"]["token_itl_ms_p999"] < by["agg4"]["token_itl_ms_p999"] / 5
     assert by["1p3d"]["prefilled_locally"] == 0 and by["agg4"]["prefilled_locally"] == 1
+
+
+def test_disagg_sim_at_dynamos_shape_cuts_the_per_request_itl():
+    """50 tokens out (``long50``): one prefill stall weighs in a request's mean ITL, and a
+    split without stalls has the lower per-request ITL."""
+    d = run_bench("disagg_sim", "--seeds", "1", "--workloads", "long50", "--fleets", "agg4,2p2d")
+    by = {r["fleet"]: r for r in d["results"]}
+    assert all(r["requests"] == 96 and r["blocks_left_held"] == 0 for r in by.values())
+    assert by["2p2d"]["itl_ms_p99"] < by["agg4"]["itl_ms_p99"]
+    assert by["2p2d"]["itl_ms_p50"] < by["agg4"]["itl_ms_p50"]
 
 
 def test_routing_sim_bench():
