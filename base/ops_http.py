@@ -13,12 +13,22 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 HealthCheck = Callable[[], tuple[bool, str]]
+
+
+class _Connection(Protocol):
+    @property
+    def is_connected(self) -> bool: ...
+
+
+def nats_connected(nc: _Connection) -> HealthCheck:
+    """The health check of a process whose only duty is its NATS connection."""
+    return lambda: (True, "") if nc.is_connected else (False, "NATS disconnected")
 
 
 class _Quiet(WSGIRequestHandler):

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats
 from base.deadletter import dead_letter
-from base.ops_http import start_ops_server
+from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.stream_read import last_per_subject, read_range
 from base.topology import ensure_consumer, ensure_topology
@@ -282,7 +282,7 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
         start_ops_server(
             cfg.metrics_port,
             registry,
-            lambda: (bool(nc.is_connected), "" if nc.is_connected else "NATS disconnected"),
+            nats_connected(nc),
             cfg.metrics_host,
         )
     watch = WorkerWatch(nc, cfg.subjects)

@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
 from base.deadletter import dead_letter
-from base.ops_http import start_ops_server
+from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
@@ -550,7 +550,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
         start_ops_server(
             cfg.metrics_port,
             prom,
-            lambda: (bool(nc.is_connected), "" if nc.is_connected else "NATS disconnected"),
+            nats_connected(nc),
             cfg.metrics_host,
         )
     indexer = Indexer(cfg, nc, redis, IndexerMetrics(prom))

@@ -23,7 +23,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from prometheus_client import CollectorRegistry, Counter
 
 from base.deadletter import dead_letter
-from base.ops_http import start_ops_server
+from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
 from base.tracing import Span, Tracing
@@ -218,7 +218,7 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
         start_ops_server(
             max(cfg.metrics_port, 0),
             registry,
-            lambda: (bool(nc.is_connected), "" if nc.is_connected else "NATS disconnected"),
+            nats_connected(nc),
             cfg.metrics_host,
         )
     stop = stop_event()

@@ -6,7 +6,7 @@ import json
 
 from prometheus_client import CollectorRegistry, Counter
 
-from base.ops_http import ops_app
+from base.ops_http import nats_connected, ops_app
 
 
 def call(app, path: str) -> tuple[str, bytes]:
@@ -41,3 +41,16 @@ def test_a_raising_check_is_unhealthy() -> None:
 
     status, body = call(ops_app(CollectorRegistry(), boom), "/ready")
     assert status.startswith("503") and "no engine" in json.loads(body)["detail"]
+
+
+def test_a_nats_only_process_is_healthy_while_connected() -> None:
+    class Conn:
+        is_connected = True
+
+    conn = Conn()
+    app = ops_app(CollectorRegistry(), nats_connected(conn))
+    assert call(app, "/health")[0].startswith("200")
+    conn.is_connected = False
+    status, body = call(app, "/health")
+    assert status.startswith("503")
+    assert json.loads(body) == {"status": "unavailable", "detail": "NATS disconnected"}
