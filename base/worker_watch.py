@@ -194,10 +194,10 @@ class WorkerWatch:
             self.hearing.heard(self.live[entry.key], joined=not known)
             if self._on_heard is not None:
                 self._on_heard(reg)
-            if not known:
+            if not known and self._on_gone is not None:  # a watch that follows who comes and goes
                 log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
-                if self._on_joined is not None:
-                    self._on_joined(entry.key)
+            if not known and self._on_joined is not None:
+                self._on_joined(entry.key)
 
     async def _expire_loop(self) -> None:
         while True:

@@ -71,7 +71,6 @@ class Discovery:
         self.state = state
         self.models: dict[str, ServedModel] = {}
         self._on_gone = on_worker_gone
-        self._on_joined = on_worker_joined
         self._tasks: list[asyncio.Task[Any]] = []
         self._watchers: list[Any] = []
         self._sub: Subscription | None = None
@@ -92,6 +91,7 @@ class Discovery:
 
     async def start(self) -> None:
         s = self.subjects
+        await self.watch.start()  # first: when it fails, nothing else is left running
         models = await self.js.key_value(s.bucket_name(MODELS_BUCKET))
         self._files = await self.js.object_store(s.bucket_name(MODEL_FILES_STORE))
         m_watch = await models.watchall()
@@ -99,7 +99,6 @@ class Discovery:
         self._sub = await self.nc.subscribe(s.metrics_all(), cb=self._on_load)
         model_sync = asyncio.Event()
         self._tasks = [asyncio.create_task(self._watch_models(m_watch, model_sync))]
-        await self.watch.start()
         await model_sync.wait()
         self.synced.set()
 
