@@ -140,17 +140,19 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     _install_stop_handlers()
     if args.otlp_endpoint:  # every process up starts reads it (base.tracing)
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
-    nats_url, redis_url, servers = _fleet_servers(args)
     group = ProcessGroup(Path(args.state_dir).resolve() / "logs")
-    common = [
-        "--nats",
-        nats_url,
-        "--subject-prefix",
-        subjects.prefix,
-        "--log-level",
-        args.log_level,
-    ]
+    servers: list[EmbeddedNats | EmbeddedRedis] = []
     try:
+        # inside the try: a signal while an embedded server starts is an interrupted start-up
+        nats_url, redis_url, servers = _fleet_servers(args)
+        common = [
+            "--nats",
+            nats_url,
+            "--subject-prefix",
+            subjects.prefix,
+            "--log-level",
+            args.log_level,
+        ]
         try:
             uvloop.run(infra_init(nats_url, subjects, args.replicas, quiet=True))
         except (Exception, SystemExit) as exc:  # a given NATS that does not answer
