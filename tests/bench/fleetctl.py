@@ -26,6 +26,13 @@ class BenchFleet:
     pids: dict[str, int] = field(default_factory=dict)
 
     def __enter__(self) -> BenchFleet:
+        try:
+            return self._start()
+        except BaseException:  # a fleet that did not come up leaves nothing running
+            self.__exit__(None, None, None)
+            raise
+
+    def _start(self) -> BenchFleet:
         self._tmp = tempfile.TemporaryDirectory(prefix="jetfleet-bench-")
         tmp = Path(self._tmp.name)
         self.nats = EmbeddedNats(tmp / "nats", port=0)
@@ -76,6 +83,9 @@ class BenchFleet:
             rows = json.loads(done.stdout)["workers"] if done.returncode == 0 else []
             if sum(w["status"] == "ready" for w in rows) >= n:
                 return
+            if dead := self.group.exited():
+                tail = dead[0].log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{dead[0].name} exited during start-up:\n{tail}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{n} workers not registered within {timeout_s}s: {rows}")
             time.sleep(0.2)
@@ -83,7 +93,9 @@ class BenchFleet:
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.group.stop_all(timeout_s=20)
-        self.redis.stop()
-        self.nats.stop()
+        if hasattr(self, "group"):  # absent when start-up failed before it
+            self.group.stop_all(timeout_s=20)
+        for server in (getattr(self, "redis", None), getattr(self, "nats", None)):
+            if server is not None:
+                server.stop()
         self._tmp.cleanup()
