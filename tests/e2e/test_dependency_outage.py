@@ -4,6 +4,10 @@ clear 503s and the frontend says it is not ready. Either way it recovers on its 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -15,23 +19,36 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.integration
 
 M = "jetfleet-tiny"
+BODY = {"model": M, "prompt": "hello", "max_tokens": 2}
 
 
-async def test_redis_outage_routes_by_load_then_by_cache_again(nats_server, tmp_path):
-    redis = EmbeddedRedis(tmp_path / "redis", port=0)
+@contextlib.contextmanager
+def kv_fleet(
+    nats_url: str, tmp: Path, *frontend_args: str
+) -> Iterator[tuple[Fleet, EmbeddedRedis]]:
+    """One worker, an indexer and a kv frontend on a Redis of their own (the test stops and
+    starts it on the same port)."""
+    redis = EmbeddedRedis(tmp / "redis", port=0)
     redis.start()
-    f = Fleet(nats_server.url, tmp_path / "logs", redis_url=redis.url)
+    f = Fleet(nats_url, tmp / "logs", redis_url=redis.url)
     try:
         f.add_worker()
         f.start_indexer()
-        f.start_frontend("--router", "kv")
-        body = {"model": M, "prompt": "hello", "max_tokens": 2}
+        f.start_frontend("--router", "kv", *frontend_args)
+        yield f, redis
+    finally:
+        f.stop()
+        redis.stop()
+
+
+async def test_redis_outage_routes_by_load_then_by_cache_again(nats_server, tmp_path):
+    with kv_fleet(nats_server.url, tmp_path) as (f, redis):
         url = f"{f.base_url}/v1/completions"
         async with Observations(f) as obs, httpx.AsyncClient(timeout=30) as client:
-            assert (await client.post(url, json=body)).status_code == 200
+            assert (await client.post(url, json=BODY)).status_code == 200
             redis.stop()
             for _ in range(3):
-                r = await client.post(url, json=body)
+                r = await client.post(url, json=BODY)
                 assert r.status_code == 200, r.text
             assert (await client.get(f"{f.base_url}/ready")).status_code == 200
             await wait_for(lambda: len(obs.items) >= 4, timeout=10)
@@ -40,29 +57,19 @@ async def test_redis_outage_routes_by_load_then_by_cache_again(nats_server, tmp_
             redis.start()  # same port
 
             async def by_cache() -> bool:
-                r = await client.post(url, json=body)
+                r = await client.post(url, json=BODY)
                 return r.status_code == 200 and obs.items[-1].route.policy == "kv"
 
             await wait_for(by_cache, timeout=20, interval=0.5)
-    finally:
-        f.stop()
-        redis.stop()
 
 
 async def test_without_the_fallback_an_outage_gives_503_then_recovers(nats_server, tmp_path):
-    redis = EmbeddedRedis(tmp_path / "redis", port=0)
-    redis.start()
-    f = Fleet(nats_server.url, tmp_path / "logs", redis_url=redis.url)
-    try:
-        f.add_worker()
-        f.start_indexer()
-        f.start_frontend("--router", "kv", "--no-kv-redis-fallback")
-        body = {"model": M, "prompt": "hello", "max_tokens": 2}
+    with kv_fleet(nats_server.url, tmp_path, "--no-kv-redis-fallback") as (f, redis):
+        url = f"{f.base_url}/v1/completions"
         async with httpx.AsyncClient(timeout=30) as client:
-            url = f"{f.base_url}/v1/completions"
-            assert (await client.post(url, json=body)).status_code == 200
+            assert (await client.post(url, json=BODY)).status_code == 200
             redis.stop()
-            r = await client.post(url, json=body)
+            r = await client.post(url, json=BODY)
             assert r.status_code == 503, r.text
             assert r.json()["error"]["code"] == "routing_unavailable"
             ready = await client.get(f"{f.base_url}/ready")
@@ -71,10 +78,7 @@ async def test_without_the_fallback_an_outage_gives_503_then_recovers(nats_serve
             redis.start()  # same port
 
             async def serves() -> bool:
-                return (await client.post(url, json=body)).status_code == 200
+                return (await client.post(url, json=BODY)).status_code == 200
 
             await wait_for(serves, timeout=20, interval=0.5)
             assert (await client.get(f"{f.base_url}/ready")).status_code == 200
-    finally:
-        f.stop()
-        redis.stop()
