@@ -28,9 +28,13 @@ class _Stop(KeyboardInterrupt):
     ``KeyboardInterrupt``: an event loop running a start-up step (``uvloop.run``) lets it out,
     where it logged any other exception raised in a callback and went on waiting."""
 
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
 
 def _raise_stop(signum: int, _frame: object) -> None:
-    raise _Stop(signal.Signals(signum).name)
+    raise _Stop(signum)
 
 
 def _install_stop_handlers() -> None:
@@ -217,9 +221,9 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         with contextlib.suppress(_Stop):
             _supervise(group)
         _say("stopping: draining workers and frontend...")
-    except _Stop:
+    except _Stop as stop:
         _say("interrupted during start-up: stopping what was started")
-        return 130
+        return stop.exit_code
     finally:
         _stop_everything(group, servers[::-1], drain_s=100.0 if args.planner else 30.0)
     return 0

@@ -514,7 +514,8 @@ def test_up_on_a_redis_that_does_not_answer_says_so_and_exits(tmp_path: Path) ->
 
 def test_a_signal_during_start_up_stops_up_at_once(tmp_path: Path) -> None:
     """SIGTERM while ``up`` waits for its NATS (here one that never answers, so start-up lasts
-    seconds): up stops what it started and exits 130 at once, not when the wait gives up."""
+    seconds): up stops what it started and exits at once (128 + SIGTERM), not when the wait
+    gives up."""
     dead = f"nats://127.0.0.1:{free_port()}"
     argv = up_argv(
         tmp_path, free_port(), "--nats", dead, "--workers", "1", "--no-planner",
@@ -532,7 +533,7 @@ def test_a_signal_during_start_up_stops_up_at_once(tmp_path: Path) -> None:
     finally:
         proc.kill()
     text = out.read_text(errors="replace")
-    assert code == 130, text[-3000:]
+    assert code == 128 + signal.SIGTERM, text[-3000:]
     assert "interrupted during start-up" in text
     assert time.monotonic() - signalled < 5, "up went on waiting for NATS after the signal"
     _wait_until(lambda: not _pids_alive([redis_pid]), 10, "the embedded Redis stops")
