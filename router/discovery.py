@@ -81,7 +81,7 @@ class Discovery:
             on_joined=on_worker_joined,
             on_gone=self._worker_gone,
             expire_every_s=prune_interval_s,
-            on_heard=lambda reg: state.upsert(reg, time.monotonic()),
+            on_heard=state.upsert,
         )
         self.tokenizer_read_timeout_s = TOKENIZER_READ_TIMEOUT_S
 

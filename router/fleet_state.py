@@ -16,7 +16,6 @@ from schemas import WorkerLoad, WorkerRegistration
 @dataclass(slots=True)
 class WorkerView:
     reg: WorkerRegistration
-    seen_at: float  # local monotonic time of the last heartbeat
     load: WorkerLoad | None = None
     load_at: float = 0.0  # local monotonic time of the last load report
     in_flight: int = 0  # requests this router sent that have not finished
@@ -39,13 +38,12 @@ class WorkerView:
 class FleetState:
     workers: dict[str, WorkerView] = field(default_factory=dict)
 
-    def upsert(self, reg: WorkerRegistration, now: float) -> None:
+    def upsert(self, reg: WorkerRegistration) -> None:
         view = self.workers.get(reg.worker_id)
         if view is None:
-            self.workers[reg.worker_id] = WorkerView(reg, now)
+            self.workers[reg.worker_id] = WorkerView(reg)
         else:
             view.reg = reg
-            view.seen_at = now
 
     def remove(self, worker_id: str) -> WorkerView | None:
         return self.workers.pop(worker_id, None)

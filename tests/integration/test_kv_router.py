@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def fleet(*workers: str) -> FleetState:
     st = FleetState()
     for w in workers:
-        st.upsert(WorkerRegistration(w, "m", "agg", "mocker", 8, 1000, 16), 0.0)
+        st.upsert(WorkerRegistration(w, "m", "agg", "mocker", 8, 1000, 16))
     return st
 
 

@@ -85,7 +85,7 @@ async def test_indexer_and_frontend_under_their_own_users(acl_redis, nc, subject
         await router.warm()
         state = FleetState()
         for w in ("w0", "w1"):  # the workers of mocker_event_batches
-            state.upsert(WorkerRegistration(w, "m", "agg", "mocker", 4, 64, 4), 0.0)
+            state.upsert(WorkerRegistration(w, "m", "agg", "mocker", 4, 64, 4))
         stored = next(e for b in batches for e in b.events if type(e).__name__ == "BlockStored")
         prompt = stored.token_ids[: 4 * len(stored.block_hashes)]
         rid = f"req-{lean}"

@@ -37,9 +37,9 @@ def _load(wid: str, running: int, waiting: int) -> WorkerLoad:
 def _client(loads: dict[str, tuple[int, int]]) -> DisaggClient:
     state = FleetState()
     for wid in loads:
-        state.upsert(_reg(wid, "prefill"), 0.0)
+        state.upsert(_reg(wid, "prefill"))
         state.apply_load(_load(wid, *loads[wid]), 0.0)
-    state.upsert(_reg("d", "decode"), 0.0)
+    state.upsert(_reg("d", "decode"))
     nc: Any = MagicMock()
 
     def client(role: str) -> FleetClient:

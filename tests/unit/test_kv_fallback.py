@@ -33,7 +33,7 @@ class FlakyIndex(InMemoryPrefixIndex):
 
 
 def views() -> list[WorkerView]:
-    return [WorkerView(WorkerRegistration(w, "m", "agg", "mocker", 8, 100, 16), 0.0) for w in "ab"]
+    return [WorkerView(WorkerRegistration(w, "m", "agg", "mocker", 8, 100, 16)) for w in "ab"]
 
 
 def query(rid: str) -> RouteQuery:

@@ -35,10 +35,10 @@ def load(wid: str, running: int, waiting: int = 0) -> WorkerLoad:
     )
 
 
-def state_with(*regs: WorkerRegistration, now: float = 0.0) -> FleetState:
+def state_with(*regs: WorkerRegistration) -> FleetState:
     st = FleetState()
     for r in regs:
-        st.upsert(r, now)
+        st.upsert(r)
     return st
 
 

@@ -141,7 +141,7 @@ def registration(worker_id: str, model: str = "m", status: str = "ready") -> Wor
 def fleet(*regs: WorkerRegistration) -> FleetState:
     state = FleetState()
     for reg in regs:
-        state.upsert(reg, 0.0)
+        state.upsert(reg)
     return state
 
 
