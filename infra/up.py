@@ -52,27 +52,25 @@ def _fleet_servers(args: argparse.Namespace) -> tuple[str, str, list[EmbeddedNat
     """NATS and Redis URLs for the fleet: the ones given (``up --nats``, ``--redis``: a cluster, a
     Sentinel set, any server already running), else embedded ones started here (stop them)."""
     state = Path(args.state_dir).resolve()
-    wanted: list[tuple[str | None, Callable[[], EmbeddedNats | EmbeddedRedis]]] = [
-        (getattr(args, "nats", None), lambda: EmbeddedNats(state / "nats", port=args.nats_port)),
-        (
-            getattr(args, "redis", None),
-            lambda: EmbeddedRedis(state / "redis", port=args.redis_port),
-        ),
-    ]
-    urls: list[str] = []
     started: list[EmbeddedNats | EmbeddedRedis] = []
+
+    def embedded(server: EmbeddedNats | EmbeddedRedis) -> str:
+        server.start()
+        started.append(server)
+        return server.url
+
     try:
-        for given, embedded in wanted:
-            if not given:
-                server = embedded()
-                server.start()
-                started.append(server)
-            urls.append(given or started[-1].url)
+        nats_url = getattr(args, "nats", None) or embedded(
+            EmbeddedNats(state / "nats", port=args.nats_port)
+        )
+        redis_url = getattr(args, "redis", None) or embedded(
+            EmbeddedRedis(state / "redis", port=args.redis_port)
+        )
     except BaseException:
         for server in reversed(started):
             server.stop()
         raise
-    return urls[0], urls[1], started
+    return nats_url, redis_url, started
 
 
 def run_servers(args: argparse.Namespace) -> int:
