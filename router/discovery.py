@@ -72,7 +72,7 @@ class Discovery:
         self.models: dict[str, ServedModel] = {}
         self._on_gone = on_worker_gone
         self._tasks: list[asyncio.Task[Any]] = []
-        self._watchers: list[Any] = []
+        self._models_watch: Any = None
         self._sub: Subscription | None = None
         self.synced = asyncio.Event()
         self.watch = WorkerWatch(
@@ -95,7 +95,7 @@ class Discovery:
         models = await self.js.key_value(s.bucket_name(MODELS_BUCKET))
         self._files = await self.js.object_store(s.bucket_name(MODEL_FILES_STORE))
         m_watch = await models.watchall()
-        self._watchers = [m_watch]
+        self._models_watch = m_watch
         self._sub = await self.nc.subscribe(s.metrics_all(), cb=self._on_load)
         model_sync = asyncio.Event()
         self._tasks = [asyncio.create_task(self._watch_models(m_watch, model_sync))]
@@ -109,9 +109,9 @@ class Discovery:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        for w in self._watchers:
+        if self._models_watch is not None:
             with contextlib.suppress(Exception):
-                await w.stop()
+                await self._models_watch.stop()
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
