@@ -29,15 +29,20 @@ class Up:
 
     def workers(self) -> list[dict[str, Any]]:
         """Ready workers as ``jetfleet status --json`` lists them."""
-        done = subprocess.run(
-            cli_command("status", "--json", "--nats", self.nats_url),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stderr
-        rows: list[dict[str, Any]] = json.loads(done.stdout)["workers"]
-        return [w for w in rows if w["status"] == "ready"]
+        return ready_workers(self.nats_url)
+
+
+def ready_workers(nats_url: str) -> list[dict[str, Any]]:
+    """The ready workers on a NATS, as ``jetfleet status --json`` lists them."""
+    done = subprocess.run(
+        cli_command("status", "--json", "--nats", nats_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rows: list[dict[str, Any]] = json.loads(done.stdout)["workers"]
+    return [w for w in rows if w["status"] == "ready"]
 
 
 def up_argv(tmp_path: Path, port: int, *extra: str) -> list[str]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -13,6 +11,7 @@ from types import TracebackType
 from base.process import ProcessGroup, cli_command, wait_http_ok
 from infra.embedded import EmbeddedNats, EmbeddedRedis
 from tests.e2e.fleet import free_port
+from tests.up import ready_workers
 
 
 @dataclass
@@ -77,11 +76,9 @@ class BenchFleet:
         one, and a run started then put its first burst on fewer workers (a split fleet's first
         requests found no prefill worker and prefilled locally)."""
         deadline = time.monotonic() + timeout_s
-        argv = cli_command("status", "--json", "--nats", self.nats.url)
         while True:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-            rows = json.loads(done.stdout)["workers"] if done.returncode == 0 else []
-            if sum(w["status"] == "ready" for w in rows) >= n:
+            rows = ready_workers(self.nats.url)
+            if len(rows) >= n:
                 return
             if dead := self.group.exited():
                 tail = dead[0].log_path.read_text(errors="replace")[-2000:]
