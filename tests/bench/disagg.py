@@ -27,12 +27,17 @@ import threading
 import time
 import urllib.request
 
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
 from base.logs import configure_logging
 from tests.bench.fleetctl import BenchFleet
 from tests.bench.loadgen import LevelResult, RequestResult, percentile, run_level
 from tests.bench.planner_ramp import Pool
 
 SPLIT = ("prefill", "prefill", "decode", "decode")
+PLACEMENTS = "jetfleet_frontend_disagg_placements_total"
+TRANSFER = "jetfleet_frontend_kv_transfer_seconds"
 CONFIGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # roles, frontend flags
     "agg4": (("agg",) * 4, ("--disagg-policy", "never")),
     "1p3d": (("prefill", "decode", "decode", "decode"), ("--disagg-policy", "always")),
@@ -59,23 +64,21 @@ def prompts(workload: str, seed: int, scale: float) -> tuple[list[str], int, int
     return [rng.choice(heads) + "".join(rng.choices(letters, k=64)) for _ in range(n)], 64, 16
 
 
-def _metric(text: str, name: str, labels: str = "") -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and labels in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def _samples(text: str, name: str, **labels: str) -> list[Sample]:
+    """The samples of ``name`` in a Prometheus page whose labels include ``labels``."""
+    return [
+        s
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    ]
 
 
 def _local_reasons(text: str) -> dict[str, int]:
     """Why requests were prefilled locally: the placements counter's ``reason`` label."""
     out: dict[str, int] = {}
-    for line in text.splitlines():
-        if line.startswith("jetfleet_frontend_disagg_placements_total") and (
-            'placement="local"' in line
-        ):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            out[reason] = out.get(reason, 0) + int(float(line.rsplit(" ", 1)[1]))
+    for s in _samples(text, PLACEMENTS, placement="local"):
+        out[s.labels["reason"]] = out.get(s.labels["reason"], 0) + int(s.value)
     return out
 
 
@@ -119,10 +122,10 @@ def run(config: str, workload: str, args: argparse.Namespace) -> dict[str, objec
         for r in ok
         if r.ttft_s * 1000 <= args.ttft_target_ms and r.itl_s * 1000 <= args.itl_target_ms
     ]
-    remote = _metric(metrics, "jetfleet_frontend_disagg_placements_total", 'placement="remote"')
-    local = _metric(metrics, "jetfleet_frontend_disagg_placements_total", 'placement="local"')
-    transfers = _metric(metrics, "jetfleet_frontend_kv_transfer_seconds_count")
-    transfer_s = _metric(metrics, "jetfleet_frontend_kv_transfer_seconds_sum")
+    remote = sum(s.value for s in _samples(metrics, PLACEMENTS, placement="remote"))
+    local = sum(s.value for s in _samples(metrics, PLACEMENTS, placement="local"))
+    transfers = sum(s.value for s in _samples(metrics, f"{TRANSFER}_count"))
+    transfer_s = sum(s.value for s in _samples(metrics, f"{TRANSFER}_sum"))
     wall = level.wall_s or 1.0
     return {
         "config": config,
