@@ -16,7 +16,7 @@ import nats
 import pytest
 import redis
 
-from base.process import cli_command
+from infra.command import cli_command
 from schemas import Subjects
 from schemas.streams import fleet_topology
 from tests.e2e.fleet import Fleet

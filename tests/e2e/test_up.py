@@ -19,7 +19,8 @@ import pytest
 from anthropic import Anthropic
 from openai import OpenAI
 
-from base.process import cli_command, wait_http_ok
+from base.process import wait_http_ok
+from infra.command import cli_command
 from tests.e2e.fleet import free_port
 from tests.up import up_argv
 

@@ -23,7 +23,8 @@ import nkeys
 import pytest
 import trustme
 
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, wait_http_ok
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats
 from tests.e2e.fleet import free_port
 from tests.helpers import run_cli
