@@ -1,4 +1,4 @@
-"""The operator's CLI paths the README names, run as a user runs them (subprocesses, real
+"""The operator's CLI paths the docs name, run as a user runs them (subprocesses, real
 servers): ``jetfleet servers``, ``jetfleet infra init``, ``jetfleet replay traffic``."""
 
 from __future__ import annotations
