@@ -29,15 +29,22 @@ def pages() -> list[Path]:
     return found + sorted((ROOT / "docs").rglob("*.md"))
 
 
-def prose_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, line) of the lines outside fenced code blocks."""
+def unfenced(text: str) -> str:
+    """The text with fenced code blocks blanked out (line numbers kept)."""
     lines, fenced = [], False
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for line in text.splitlines():
         if line.lstrip().startswith("```"):
             fenced = not fenced
-        elif not fenced:
-            lines.append((lineno, line))
-    return lines
+            lines.append("")
+        else:
+            lines.append("" if fenced else line)
+    return "\n".join(lines)
+
+
+def links(page: Path) -> list[tuple[int, str]]:
+    """(line number, target) of every markdown link on the page, a link cut over lines included."""
+    text = CODE_SPAN.sub(lambda m: "\n" * m.group().count("\n"), unfenced(page.read_text()))
+    return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in LINK.finditer(text)]
 
 
 def slug(heading: str) -> str:
@@ -50,7 +57,7 @@ def slug(heading: str) -> str:
 def anchors(page: Path) -> set[str]:
     seen: dict[str, int] = {}
     out = set()
-    for _, line in prose_lines(page.read_text()):
+    for line in unfenced(page.read_text()).splitlines():
         if m := HEADING.match(line):
             base = slug(m.group(2))
             n = seen.get(base, 0)
@@ -64,23 +71,22 @@ def broken_links(
 ) -> list[str]:
     """``page:line: target (why)`` for every relative link that does not resolve."""
     out = []
-    for lineno, line in prose_lines(page.read_text()):
-        for target in LINK.findall(CODE_SPAN.sub("", line)):
-            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
-                continue
-            path_part, _, anchor = target.partition("#")
-            dest = (page.parent / path_part).resolve() if path_part else page
-            where = f"{page.relative_to(root)}:{lineno}: {target}"
-            if not dest.is_relative_to(root):
-                out.append(f"{where} (outside the repository)")
-            elif not dest.exists():
-                if dest not in pending:
-                    out.append(f"{where} (no such path)")
-            elif anchor:
-                if dest.suffix != ".md":
-                    out.append(f"{where} (an anchor into a file that is not markdown)")
-                elif anchor not in anchors(dest):
-                    out.append(f"{where} (no heading makes #{anchor})")
+    for lineno, target in links(page):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path_part, _, anchor = target.partition("#")
+        dest = (page.parent / path_part).resolve() if path_part else page
+        where = f"{page.relative_to(root)}:{lineno}: {target}"
+        if not dest.is_relative_to(root):
+            out.append(f"{where} (outside the repository)")
+        elif not dest.exists():
+            if dest not in pending:
+                out.append(f"{where} (no such path)")
+        elif anchor:
+            if dest.suffix != ".md":
+                out.append(f"{where} (an anchor into a file that is not markdown)")
+            elif anchor not in anchors(dest):
+                out.append(f"{where} (no heading makes #{anchor})")
     return out
 
 
@@ -98,11 +104,10 @@ def test_every_page_of_docs_is_reachable_from_the_readme() -> None:
         if page in seen or not page.exists() or page.suffix != ".md":
             continue
         seen.add(page)
-        for _, line in prose_lines(page.read_text()):
-            for target in LINK.findall(CODE_SPAN.sub("", line)):
-                path_part = target.partition("#")[0]
-                if path_part and not re.match(r"[a-z][a-z0-9+.-]*:", target):
-                    todo.append((page.parent / path_part).resolve())
+        for _, target in links(page):
+            path_part = target.partition("#")[0]
+            if path_part and not re.match(r"[a-z][a-z0-9+.-]*:", target):
+                todo.append((page.parent / path_part).resolve())
     wanted = {ROOT / "ARCHITECTURE.md", *(ROOT / "docs").rglob("*.md")}
     unreached = sorted(str(p.relative_to(ROOT)) for p in wanted - seen)
     assert unreached == []
@@ -115,11 +120,14 @@ def test_the_check_sees_a_broken_path_and_a_broken_anchor(tmp_path: Path) -> Non
     page.write_text(
         "# Home\n\n[fine](docs/a.md#the-up-command) [self](#home) [web](https://example.com)\n"
         "`[in code](nowhere.md)`\n```\n[in a block](nowhere.md)\n```\n"
-        "[gone](docs/b.md) [bad anchor](docs/a.md#the-down-command) [up](../x.md)\n"
+        "[gone](docs/b.md) [bad anchor](docs/a.md#the-down-command) [up](../x.md) [cut over\n"
+        "two lines](docs/c.md)\n"
     )
     found = broken_links(page, root=tmp_path)
     assert [f.rsplit("(", 1)[1] for f in found] == [
         "no such path)",
         "no heading makes #the-down-command)",
         "outside the repository)",
+        "no such path)",
     ]
+    assert found[-1].startswith("README.md:8: docs/c.md")
