@@ -1,10 +1,10 @@
-"""The local fleet supervisor behind ``jetfleet up``: embedded servers plus component processes.
+"""Groups of child processes: start each with its log file, restart those that exit, stop them,
+wait for one's HTTP endpoint.
 
-Every component runs as its own process with exactly the command a real deployment would use
-(``jetfleet frontend``, ``jetfleet worker``...), pointed at the embedded NATS and Redis. Ctrl-C or
-SIGTERM stops the fleet in order: frontends and workers get SIGTERM (they drain), then the servers
-stop. A worker process can be added or removed while the fleet runs (the local scaling connector
-uses the same ``ProcessGroup``).
+A child gets SIGTERM when its parent dies (Linux), so a killed supervisor never leaves processes
+behind. Stopping sends SIGTERM to every child first, so they drain in parallel, and kills one that
+outlives the timeout. What a child runs is the caller's argv: this module names no command (the
+``jetfleet`` command line is ``infra.command.cli_command``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-log = structlog.get_logger("jetfleet.up")
+log = structlog.get_logger("jetfleet.process")
 
 
 def die_with_parent() -> None:
@@ -33,10 +33,6 @@ def die_with_parent() -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-
-
-def cli_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "infra.cli", *args]
 
 
 @dataclass

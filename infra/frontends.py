@@ -19,7 +19,8 @@ from pathlib import Path
 
 import structlog
 
-from base.process import ProcessGroup, Restarter, cli_command
+from base.process import ProcessGroup, Restarter
+from infra.command import cli_command
 
 log = structlog.get_logger("jetfleet.frontend")
 

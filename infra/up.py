@@ -15,8 +15,9 @@ from pathlib import Path
 
 import structlog
 
-from base.process import ProcessGroup, Restarter, cli_command, wait_http_ok
+from base.process import ProcessGroup, Restarter, wait_http_ok
 from infra.cli.components import engine_argv, routing_argv
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from schemas import Subjects
 

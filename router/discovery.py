@@ -22,7 +22,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from base.worker_watch import Hearing, WorkerWatch
+from base.worker_watch import WorkerWatch
 from model.tokenizer import ModelTokenizer
 from router.fleet_state import FleetState
 from schemas import ModelCard, WireDecodeError, WorkerLoad, decode
@@ -84,10 +84,6 @@ class Discovery:
             on_heard=state.upsert,
         )
         self.tokenizer_read_timeout_s = TOKENIZER_READ_TIMEOUT_S
-
-    @property
-    def hearing(self) -> Hearing:
-        return self.watch.hearing
 
     async def start(self) -> None:
         s = self.subjects

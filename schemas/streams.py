@@ -49,7 +49,9 @@ class ObjectStoreSpec:
 
 @dataclass(frozen=True)
 class ConsumerSpec:
-    """A durable pull consumer (pools, router service, indexer, planner)."""
+    """A durable pull consumer (pools, router service, planner, connectors). Not here: the
+    indexer's ordered consumer (no durable state: its position lives in Redis) and each worker's
+    durable push consumer of its own subject (``workers/runtime.py``)."""
 
     durable: str
     filter_subject: str = ""

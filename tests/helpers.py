@@ -33,7 +33,7 @@ async def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
     """``jetfleet ARGS`` as a user runs it, off the event loop; ``env`` adds to the environment."""
-    from base.process import cli_command
+    from infra.command import cli_command
 
     return await asyncio.to_thread(
         subprocess.run,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from base.process import cli_command, wait_http_ok
+from base.process import wait_http_ok
+from infra.command import cli_command
 from infra.embedded import free_port
 from schemas import Subjects
 

@@ -1,6 +1,8 @@
 """The worker runtime: NATS consumers on one side, an engine on the other.
 
-- requests arrive on the worker's own subject (an ephemeral JetStream push consumer, manual ack)
+- requests arrive on the worker's own subject (a durable JetStream push consumer named
+  ``own_{worker_id}``, manual ack, flow control; the worker deletes any predecessor's at start and
+  its own when it drains; after a crash the server removes it 60 s after its subscriber left)
   and on its pool subject (a shared durable pull consumer, pulled only while there is capacity);
 - each request's outputs are flushed as ``TokenChunk``s on fleet.tok.{request_id}: first token
   and end at once, the rest every flush interval (one flush task for the whole worker). The

@@ -236,7 +236,10 @@ def add_routing(
 ) -> None:
     g = p.add_argument_group("routing")
     g.add_argument(
-        "--router", choices=POLICY_NAMES, default="kv", help="routing policy (see the README)"
+        "--router",
+        choices=POLICY_NAMES,
+        default="kv",
+        help="routing policy (see docs/operating/running.md)",
     )
     g.add_argument("--redis", default=redis_default, help=redis_help or REDIS_HELP)
     KV.add_to(p)

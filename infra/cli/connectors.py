@@ -20,6 +20,7 @@ from base.connect import close_nats, connect_nats
 from base.signals import stop_event
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
+from infra.command import cli_command
 from planner.connectors.base import ConnectorService
 from planner.connectors.kubernetes import (
     AUTH_MODES,
@@ -73,6 +74,7 @@ def local_config(
     """``nats_url``: the URL the started workers connect with (``--worker-nats``)."""
     return LocalScalerConfig(
         nats_url=nats_url,
+        worker_command=tuple(cli_command("worker")),
         subject_prefix=prefix,
         log_dir=Path(log_dir),
         worker_args=tuple(worker_args),

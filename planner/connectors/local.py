@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from base.process import ProcessGroup, cli_command
+from base.process import ProcessGroup
 from base.worker_watch import WorkerWatch
 from planner.connectors.base import ScaleResult
 from schemas import ScalingDecided
@@ -38,6 +38,9 @@ log = structlog.get_logger("jetfleet.connector.local")
 @dataclass(frozen=True)
 class LocalScalerConfig:
     nats_url: str
+    worker_command: tuple[str, ...]
+    """The argv that starts a worker, without its flags (``jetfleet worker``, given by ``infra``:
+    the planner does not name the command line above it)."""
     subject_prefix: str = "fleet"
     log_dir: Path = Path(".jetfleet/logs")
     worker_args: tuple[str, ...] = ()
@@ -66,8 +69,8 @@ class LocalScaler:
         return len(self.own.get(role, []))
 
     def _argv(self, role: str, worker_id: str) -> list[str]:
-        return cli_command(
-            "worker",
+        return [
+            *self.cfg.worker_command,
             "--nats",
             self.cfg.nats_url,
             "--subject-prefix",
@@ -81,7 +84,7 @@ class LocalScaler:
             "--managed-by",
             self.name,
             *self.cfg.worker_args,
-        )
+        ]
 
     async def start_workers(self, role: str, count: int) -> ScaleResult:
         names: list[str] = []

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, wait_http_ok
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis
 from tests.e2e.fleet import free_port
 from tests.up import ready_workers

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from base.connect import close_nats, connect_nats, connect_redis
 from base.logs import configure_logging
-from base.process import ProcessGroup, cli_command
+from base.process import ProcessGroup
 from base.topology import ensure_topology
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis
 from router.kv.keys import KvKeys
 from schemas import KvEventBatch, Subjects, encode

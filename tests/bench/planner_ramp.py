@@ -44,9 +44,10 @@ from typing import Any
 
 from base.connect import close_nats, connect_nats
 from base.logs import configure_logging
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, wait_http_ok
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats
 from planner.connectors.base import ConnectorService
 from planner.connectors.local import LocalScaler, LocalScalerConfig
@@ -257,6 +258,7 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
     scaler = LocalScaler(
         LocalScalerConfig(
             nats_url=nats.url,
+            worker_command=tuple(cli_command("worker")),
             log_dir=tmp / "logs",
             worker_args=worker_args,
             log_level="warning",

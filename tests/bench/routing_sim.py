@@ -15,7 +15,7 @@ between a client and a worker each way.
 What it leaves out: the workers' periodic load reports (reservations only), the frontend's and
 the network's jitter, and CPU contention. In exchange a run takes a fraction of a second and is
 deterministic, so settings can be compared over many seeds; the live benchmark confirms the
-choice (tests/bench/README.md). Prints JSON: per policy the mean over seeds of each figure.
+choice (docs/benchmarks.md). Prints JSON: per policy the mean over seeds of each figure.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from base.process import cli_command
+from infra.command import cli_command
 from infra.embedded import free_port
 from tests.bench.procstat import tree
 

@@ -16,7 +16,8 @@ import httpx
 import pytest
 import redis
 
-from base.process import cli_command, wait_http_ok
+from base.process import wait_http_ok
+from infra.command import cli_command
 from tests.e2e.fleet import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

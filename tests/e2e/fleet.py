@@ -8,7 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, wait_http_ok
+from infra.command import cli_command
 
 
 def free_port() -> int:

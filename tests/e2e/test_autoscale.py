@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from base.connect import connect_nats
-from base.process import cli_command
+from infra.command import cli_command
 from schemas import ScalingDecided, ScalingStatus, Subjects, decode
 from tests.e2e.fleet import Fleet
 from tests.helpers import wait_for

@@ -1,4 +1,4 @@
-"""The operator's CLI paths the README names, run as a user runs them (subprocesses, real
+"""The operator's CLI paths the docs name, run as a user runs them (subprocesses, real
 servers): ``jetfleet servers``, ``jetfleet infra init``, ``jetfleet replay traffic``."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import nats
 import pytest
 import redis
 
-from base.process import cli_command
+from infra.command import cli_command
 from schemas import Subjects
 from schemas.streams import fleet_topology
 from tests.e2e.fleet import Fleet

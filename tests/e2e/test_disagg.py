@@ -17,7 +17,7 @@ from typing import Any
 import openai
 import pytest
 
-from base.process import cli_command
+from infra.command import cli_command
 from schemas import RequestObservation, WorkerLoad, decode
 from tests.e2e.fleet import Fleet, free_port
 from tests.helpers import wait_for

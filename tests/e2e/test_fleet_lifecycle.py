@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from base.connect import connect_nats
-from base.process import cli_command
+from infra.command import cli_command
 from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
 from tests.e2e.fleet import Fleet

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from base.connect import close_nats, connect_nats
-from base.process import cli_command
+from infra.command import cli_command
 from infra.replay_request import request_timeline
 from schemas import Request, RequestObservation, Subjects, TokenChunk
 from tests.helpers import wait_for

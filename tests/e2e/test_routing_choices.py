@@ -1,7 +1,7 @@
-"""Every ``--router`` choice the README names, through a real frontend onto real workers: the
-request is served and its observation names the policy that routed it; ``approx`` keeps a
-repeated prompt on the worker that has it cached; ``pool`` workers pull only while they have free
-slots, so a burst waits in the stream, not in a worker."""
+"""Every ``--router`` choice docs/operating/running.md names, through a real frontend onto real
+workers: the request is served and its observation names the policy that routed it; ``approx``
+keeps a repeated prompt on the worker that has it cached; ``pool`` workers pull only while they
+have free slots, so a burst waits in the stream, not in a worker."""
 
 from __future__ import annotations
 

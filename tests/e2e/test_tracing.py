@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from base.process import cli_command
+from infra.command import cli_command
 from schemas import Request, SamplingParams, Subjects, TokenChunk, decode, encode
 from tests.e2e.fleet import Fleet
 from tests.helpers import wait_for

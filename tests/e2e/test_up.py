@@ -19,7 +19,8 @@ import pytest
 from anthropic import Anthropic
 from openai import OpenAI
 
-from base.process import cli_command, wait_http_ok
+from base.process import wait_http_ok
+from infra.command import cli_command
 from tests.e2e.fleet import free_port
 from tests.up import up_argv
 
@@ -137,11 +138,10 @@ def _a_dead_component_is_restarted(out: Path, proc: subprocess.Popen) -> None:
     assert proc.poll() is None
 
 
-def _readme_nats_snippet_streams(nats_url: str, tmp_path: Path) -> None:
-    """The README's NATS-only client, as printed there, against this ``up``."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Publishing requests straight onto NATS", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+def _docs_nats_snippet_streams(nats_url: str, tmp_path: Path) -> None:
+    """The NATS-only client of docs/using/nats-clients.md, as printed there, against this ``up``."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "using" / "nats-clients.md"
+    code = page.read_text().split("```python\n", 1)[1].split("```", 1)[0]
     assert "nats://127.0.0.1:14222" in code
     script = tmp_path / "snippet.py"
     script.write_text(code.replace("nats://127.0.0.1:14222", nats_url))
@@ -304,7 +304,7 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
             assert r.choices[0].finish_reason in ("length", "stop")
         _every_process_is_observable(out, nats_url, port)
         _an_agent_session_runs_on_every_endpoint(port)
-        _readme_nats_snippet_streams(nats_url, tmp_path)
+        _docs_nats_snippet_streams(nats_url, tmp_path)
         published = subprocess.run(
             cli_command("publish", "Hello over NATS", "--nats", nats_url, "--max-tokens", "8"),
             capture_output=True,

@@ -1,6 +1,6 @@
 """Faults against ``jetfleet up`` as a user starts it (4 mocker workers): poison on every request
 subject, hostile HTTP bodies, and a worker killed (-9) under 32 seeded streams. Each test prints
-its figures; the README's "Reliability" section quotes them."""
+its figures; docs/operating/reliability.md quotes them."""
 
 from __future__ import annotations
 

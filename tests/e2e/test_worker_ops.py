@@ -7,6 +7,7 @@ import urllib.request
 import pytest
 
 from base.process import wait_http_ok
+from infra.command import cli_command
 from tests.e2e.fleet import Fleet, free_port
 
 pytestmark = pytest.mark.integration
@@ -30,8 +31,6 @@ def test_vllm_engine_without_vllm_fails_clearly(tmp_path) -> None:
     one on the worker's path, as on a machine without vLLM."""
     import os
     import subprocess
-
-    from base.process import cli_command
 
     shadow = tmp_path / "vllm"
     shadow.mkdir()

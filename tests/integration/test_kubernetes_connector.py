@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from base.process import cli_command
 from base.topology import ensure_topology
+from infra.command import cli_command
 from planner.connectors.base import connector_consumer
 from planner.connectors.kubernetes import (
     KubernetesScaler,

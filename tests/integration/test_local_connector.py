@@ -12,6 +12,7 @@ import pytest
 
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
+from infra.command import cli_command
 from planner.connectors.local import LocalScaler, LocalScalerConfig
 from schemas import ScalingDecided, Subjects
 from tests.helpers import wait_for
@@ -38,7 +39,12 @@ async def test_up_down_and_close_stop_the_workers_it_started(
     watch = WorkerWatch(nc, subjects)
     await watch.start()
     cfg = LocalScalerConfig(
-        nats_url, fleet_prefix, tmp_path, ("--speedup", "20"), id_prefix=fleet_prefix
+        nats_url=nats_url,
+        worker_command=tuple(cli_command("worker")),
+        subject_prefix=fleet_prefix,
+        log_dir=tmp_path,
+        worker_args=("--speedup", "20"),
+        id_prefix=fleet_prefix,
     )
     scaler = LocalScaler(cfg, watch)
     try:

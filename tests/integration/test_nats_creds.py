@@ -11,7 +11,8 @@ import httpx
 import nats
 import pytest
 
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, wait_http_ok
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats
 from tests.e2e.fleet import free_port
 from tests.helpers import run_cli

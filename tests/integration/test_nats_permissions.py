@@ -14,7 +14,8 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError
 
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, wait_http_ok
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats
 from infra.tools import infra_init
 from schemas import Subjects

@@ -1,7 +1,7 @@
-"""A fleet on secured transports, configured as the README says: NATS over mutual TLS with NKey
-users (``JETFLEET_NATS_TLS_CA``/``_CERT``/``_KEY``, ``JETFLEET_NATS_NKEY_SEED``), Redis over TLS
-(``rediss://...?ssl_ca_certs=``). A worker, an indexer and a KV-routing frontend serve a request;
-a client without the client certificate or without the NKey is refused.
+"""A fleet on secured transports, configured as docs/operating/security.md says: NATS over mutual
+TLS with NKey users (``JETFLEET_NATS_TLS_CA``/``_CERT``/``_KEY``, ``JETFLEET_NATS_NKEY_SEED``),
+Redis over TLS (``rediss://...?ssl_ca_certs=``). A worker, an indexer and a KV-routing frontend
+serve a request; a client without the client certificate or without the NKey is refused.
 
 The CA and certificates are ``trustme``'s throwaway ones. The embedded redis-server is built
 without TLS, so Redis's TLS side is a TLS-terminating proxy in this test (as a managed Redis or
@@ -23,7 +23,8 @@ import nkeys
 import pytest
 import trustme
 
-from base.process import ProcessGroup, cli_command, wait_http_ok
+from base.process import ProcessGroup, wait_http_ok
+from infra.command import cli_command
 from infra.embedded import EmbeddedNats
 from tests.e2e.fleet import free_port
 from tests.helpers import run_cli
