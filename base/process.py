@@ -9,6 +9,7 @@ outlives the timeout. What a child runs is the caller's argv: this module names 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -118,6 +119,7 @@ class Restarter:
                     1.0 if ran > 60.0 else min(self._backoff.get(name, 0.5) * 2, self.max_backoff_s)
                 )
                 self._backoff[name], self._due[name] = wait, now + wait
+                sweep_session(child)
                 self.on_exit(child)
                 log.warning(
                     "component_exited", name=name, code=child.proc.returncode, restart_in_s=wait
@@ -140,13 +142,34 @@ def _terminate(child: Child, timeout_s: float) -> int | None:
             log.warning("process_killed", name=child.name, pid=proc.pid)
             proc.kill()
             proc.wait()
+    sweep_session(child)
     return proc.returncode
 
 
-def wait_http_ok(url: str, timeout_s: float, group: ProcessGroup | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
+def sweep_session(child: Child) -> None:
+    """SIGKILL what is left of an exited child's session: the processes it started that did not
+    end with it (an engine's own children, when the child was killed before it could stop
+    them). Every child leads its own session and process group (``start_new_session``)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.proc.pid, signal.SIGKILL)
+
+
+def wait_http_ok(
+    url: str,
+    timeout_s: float,
+    group: ProcessGroup | None = None,
+    progress: Callable[[float], None] | None = None,
+    progress_every_s: float = 15.0,
+) -> None:
+    """Until ``url`` answers 200; ``progress(seconds waited)`` every ``progress_every_s``."""
+    start = time.monotonic()
+    deadline = start + timeout_s
+    next_progress = start + progress_every_s
     last = ""
     while time.monotonic() < deadline:
+        if progress is not None and time.monotonic() >= next_progress:
+            progress(time.monotonic() - start)
+            next_progress += progress_every_s
         if group is not None and (dead := group.exited()):
             tail = dead[0].log_path.read_text(errors="replace")[-2000:]
             raise RuntimeError(f"{dead[0].name} exited during start-up:\n{tail}")
