@@ -1,7 +1,7 @@
 """The only module that touches vLLM: builds ``AsyncLLM`` and vLLM's request objects.
 
 ``VllmBackend`` is the seam the engine is written against; ``RealVllmBackend`` imports vLLM
-(``pip install 'jetfleet[vllm]'`` on a CUDA machine) when it is constructed, never at module
+(a GPU build, or the CPU build: see docs/engines/vllm.md) when it is constructed, never at module
 import, so the rest of jetfleet, and the unit tests with a fake backend, run without vLLM.
 vLLM is untyped from here: its objects are ``Any``.
 """
@@ -9,11 +9,14 @@ vLLM is untyped from here: its objects are ``Any``.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from workers.engines.vllm import lifeline
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig, engine_args_kwargs
+from workers.engines.vllm.platform import cpu_environment
 from workers.engines.vllm.stats import SchedulerStatsCollector, stat_logger_class
 
 
@@ -64,6 +67,7 @@ class RealVllmBackend:
             self._inputs = importlib.import_module("vllm.inputs")
             self._lora = importlib.import_module("vllm.lora.request")
             self._loggers = importlib.import_module("vllm.v1.metrics.loggers")
+            self._platforms = importlib.import_module("vllm.platforms")
         except ImportError as exc:
             raise VllmNotInstalledError(
                 "the vllm engine needs the vllm package (pip install 'jetfleet[vllm]' on a "
@@ -71,7 +75,7 @@ class RealVllmBackend:
             ) from exc
 
     def engine_args(self, config: VllmEngineConfig, kv: KvEventsEndpoints | None) -> Any:
-        kwargs = engine_args_kwargs(config, kv)
+        kwargs = engine_args_kwargs(config, kv, self._on_cpu())
         if "kv_events_config" in kwargs:
             kwargs["kv_events_config"] = self._config.KVEventsConfig(**kwargs["kv_events_config"])
         if "kv_transfer_config" in kwargs:
@@ -83,12 +87,19 @@ class RealVllmBackend:
     def start_llm(
         self, config: VllmEngineConfig, kv: KvEventsEndpoints | None, stats: SchedulerStatsCollector
     ) -> StartedLlm:
+        lifeline.mark_owner()  # vLLM's processes end with this one (lifeline.py)
+        if self._on_cpu():
+            cores = len(os.sched_getaffinity(0))
+            os.environ.update(cpu_environment(config, os.environ, cores))
         logger = stat_logger_class(self._loggers.StatLoggerBase, stats)
         llm = self._async_llm.AsyncLLM.from_engine_args(
             self.engine_args(config, kv), stat_loggers=[logger]
         )
         cache = llm.vllm_config.cache_config
         return StartedLlm(llm, int(cache.num_gpu_blocks or 0), int(cache.block_size), self._version)
+
+    def _on_cpu(self) -> bool:
+        return bool(self._platforms.current_platform.is_cpu())
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
         delta = self._sampling.RequestOutputKind.DELTA

@@ -71,8 +71,9 @@ class VllmEngineConfig:
     """Tokens per engine step at most (None: vLLM's default)."""
     dtype: str = "auto"
     quantization: str | None = None
-    enforce_eager: bool = False
-    """No CUDA graphs (faster start, slower decode)."""
+    enforce_eager: bool | None = None
+    """No CUDA graphs or torch.compile (faster start, slower decode). None: on for vLLM's CPU
+    build (compiling takes minutes on a laptop CPU), off on a GPU."""
     enable_sleep_mode: bool = False
     """Allow the ``sleep``/``wake`` control ops (vLLM's CuMem allocator)."""
     enable_lora: bool = False
@@ -104,6 +105,13 @@ class VllmEngineConfig:
     kv_offloading_backend: str | None = None
     """With ``--kv-offloading-size``: ``native`` (vLLM's CPU offloading, its default) or
     ``lmcache``."""
+    cpu_kv_cache_gib: int | None = None
+    """vLLM's CPU build: whole GiB of host memory for the KV cache (``VLLM_CPU_KVCACHE_SPACE``,
+    which vLLM reads as an integer; None: that variable if set, else 1; vLLM's own default is
+    most of a NUMA node)."""
+    cpu_threads: int | None = None
+    """vLLM's CPU build: threads for the model's kernels (``OMP_NUM_THREADS``; None: that
+    variable if set, else every core this process may use)."""
     extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Any other ``AsyncEngineArgs`` field, applied last (``--vllm-arg key=value``)."""
 
@@ -127,6 +135,10 @@ class VllmEngineConfig:
             raise ValueError("block_size, max_num_seqs and tensor_parallel_size must be positive")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.cpu_kv_cache_gib is not None and self.cpu_kv_cache_gib <= 0:
+            raise ValueError("cpu_kv_cache_gib must be positive")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError("cpu_threads must be at least 1")
         if self.kv_replay_endpoint and not self.kv_events_endpoint:
             raise ValueError("kv_replay_endpoint needs kv_events_endpoint")
 
@@ -139,9 +151,12 @@ class VllmEngineConfig:
         )
 
 
-def engine_args_kwargs(cfg: VllmEngineConfig, kv: KvEventsEndpoints | None) -> dict[str, Any]:
-    """Keyword arguments of ``AsyncEngineArgs``. ``kv_events_config`` and
-    ``kv_transfer_config`` are plain dicts here; the backend turns them into vLLM's classes."""
+def engine_args_kwargs(
+    cfg: VllmEngineConfig, kv: KvEventsEndpoints | None, on_cpu: bool = False
+) -> dict[str, Any]:
+    """Keyword arguments of ``AsyncEngineArgs`` (``on_cpu``: vLLM's CPU build).
+    ``kv_events_config`` and ``kv_transfer_config`` are plain dicts here; the backend turns them
+    into vLLM's classes."""
     args: dict[str, Any] = {
         "model": cfg.model,
         "block_size": cfg.block_size,
@@ -149,7 +164,7 @@ def engine_args_kwargs(cfg: VllmEngineConfig, kv: KvEventsEndpoints | None) -> d
         "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "max_num_seqs": cfg.max_num_seqs,
         "dtype": cfg.dtype,
-        "enforce_eager": cfg.enforce_eager,
+        "enforce_eager": on_cpu if cfg.enforce_eager is None else cfg.enforce_eager,
         "enable_prefix_caching": True,
         "disable_log_stats": False,
         "enable_sleep_mode": cfg.enable_sleep_mode,
