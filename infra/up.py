@@ -23,6 +23,8 @@ from schemas import Subjects
 
 log = structlog.get_logger("jetfleet.up")
 
+VLLM_READY_TIMEOUT_S = 1200.0  # the first vLLM worker to serve (a CPU build loads in 20-60 s)
+
 
 class _Stop(KeyboardInterrupt):
     """SIGINT/SIGTERM arrived: unwind through the ``finally`` blocks that stop everything. A
@@ -167,6 +169,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             except Exception as exc:
                 _say(f"jetfleet up: cannot reach Redis at {redis_url}: {exc or type(exc).__name__}")
                 return 1
+        if args.engine == "vllm" and args.cpu_threads is None:  # (a GPU ignores it)
+            args.cpu_threads = max(1, len(os.sched_getaffinity(0)) // sum(_pools(args).values()))
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
@@ -202,7 +206,18 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
                 str(args.frontends),
             ),
         )
-        wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
+        if args.engine == "vllm":  # loading a real model: minutes on a laptop CPU
+            wait_http_ok(
+                f"http://{args.host}:{args.port}/ready",
+                VLLM_READY_TIMEOUT_S,
+                group,
+                lambda waited: _say(
+                    f"waiting for the vLLM workers to load {Path(args.model).name} "
+                    f"({waited:.0f} s; logs in {group.log_dir})"
+                ),
+            )
+        else:
+            wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
         scaling = ", autoscaled by the planner" if args.planner else ""
         pools = ", ".join(f"{n} {role}" for role, n in _pools(args).items())
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))

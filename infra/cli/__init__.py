@@ -19,6 +19,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from infra.cli import fleet, planner, serve
+from infra.cli.components import ensure_engine_model, resolve_engine_defaults
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -57,12 +58,20 @@ def _explain(parser: argparse.ArgumentParser) -> None:
             action.help += " (default: %(default)s)"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed flags, with the defaults that depend on other flags filled in."""
     args = build_parser().parse_args(argv)
+    resolve_engine_defaults(args)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from base.logs import configure_logging
     from schemas import Subjects
 
     configure_logging(args.log_level, args.log_format)
+    ensure_engine_model(args, lambda line: print(f"jetfleet: {line}", flush=True))
     subjects = Subjects(args.subject_prefix)
     from base.tracing import TracingUnavailableError
     from infra.tools import NoFleetError

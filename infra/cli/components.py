@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 from infra.cli.flags import ConfigFlags, Flag
 from router.client import ClientConfig
@@ -31,7 +32,12 @@ REDIS_HELP = (
 MOCKER = ConfigFlags(
     MockerConfig,
     "num_gpu_blocks",
-    "block_size",
+    Flag(
+        "block_size",
+        default=None,
+        help="tokens per KV block (default: 16 for the mocker, 32 for vLLM, whose CPU build "
+        "pages in multiples of 32)",
+    ),
     "max_num_seqs",
     "max_num_batched_tokens",
     Flag("enable_prefix_caching", "--prefix-caching"),
@@ -70,8 +76,14 @@ VLLM = ConfigFlags(
     "kv_role",
     "kv_offloading_size",
     "kv_offloading_backend",
-    title="vLLM engine (--engine vllm; pip install 'jetfleet[vllm]')",
+    Flag("cpu_kv_cache_gib", help="CPU build: KV cache in whole GiB (default: 1)"),
+    Flag("cpu_threads", help="CPU build: model threads (default: every core; up: a share each)"),
+    title="vLLM engine (--engine vllm; bash infra/bootstrap.sh vllm sets it up)",
 )
+# tokens per KV block when --block-size is not given: vLLM's CPU build needs a multiple of 32
+ENGINE_BLOCK_SIZE = {"mocker": 16, "vllm": 32}
+# what --engine vllm serves without --model: built once from a registry package (vllm_models.py)
+VLLM_DEFAULT_MODEL = "smollm2"
 
 WORKER = ConfigFlags(
     WorkerConfig,
@@ -196,7 +208,7 @@ def add_model(p: argparse.ArgumentParser) -> None:
         "--engine",
         choices=["mocker", "vllm"],
         default="mocker",
-        help="mocker: simulated engine on the CPU; vllm: vLLM on a GPU",
+        help="mocker: the simulated engine; vllm: vLLM (its CPU build where there is no GPU)",
     )
     g.add_argument(
         "--tool-call-parser",
@@ -216,9 +228,31 @@ MODEL_FLAGS = ("model", "served_model_name", "engine", "tool_call_parser", "reas
 
 
 def add_engine(p: argparse.ArgumentParser) -> None:
-    """The model and the mocker's engine flags (what a worker pool is started with)."""
+    """The model and the engines' flags (what a worker pool is started with)."""
     add_model(p)
     MOCKER.add_to(p)
+    VLLM.add_to(p)
+    p.add_argument(
+        "--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="any other AsyncEngineArgs field (value parsed as JSON when it is JSON)",
+    )  # fmt: skip
+
+
+def resolve_engine_defaults(args: argparse.Namespace) -> None:
+    """The defaults that depend on the engine (the block size), once the flags are parsed."""
+    engine = getattr(args, "engine", None)
+    if engine is not None and getattr(args, "block_size", 0) is None:
+        args.block_size = ENGINE_BLOCK_SIZE[engine]
+
+
+def ensure_engine_model(args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    """``--engine vllm`` with no ``--model``: the real model, built once into the cache (``say``
+    reports the build)."""
+    if getattr(args, "engine", None) != "vllm" or args.model or getattr(args, "vllm_model", None):
+        return
+    from infra.vllm_models import ensure
+
+    args.model = str(ensure(VLLM_DEFAULT_MODEL, say))
 
 
 def engine_argv(args: argparse.Namespace) -> list[str]:
@@ -228,7 +262,15 @@ def engine_argv(args: argparse.Namespace) -> list[str]:
         value = getattr(args, name, None)
         if value is not None and not (name == "engine" and value == "mocker"):
             out += ["--" + name.replace("_", "-"), str(value)]
-    return out + MOCKER.argv(args)
+    engine = getattr(args, "engine", None) or "mocker"
+    # the child resolves the same engine default itself
+    default_block = getattr(args, "block_size", None) == ENGINE_BLOCK_SIZE[engine]
+    out += MOCKER.argv(args, exclude=frozenset({"--block-size"} if default_block else ()))
+    if engine == "vllm":
+        out += VLLM.argv(args, exclude=MOCKER.flags)
+        for item in args.vllm_arg:
+            out += ["--vllm-arg", item]
+    return out
 
 
 def add_routing(

@@ -169,10 +169,17 @@ class ConfigFlags(Generic[C]):
     def build(self, args: argparse.Namespace, **given: Any) -> C:
         return self.cls(**{**self.values(args), **given})
 
-    def argv(self, args: argparse.Namespace) -> list[str]:
-        """The flags reproducing ``args`` where they differ from the defaults."""
+    @property
+    def flags(self) -> frozenset[str]:
+        return frozenset(spec.flag for spec in self.specs)
+
+    def argv(self, args: argparse.Namespace, exclude: frozenset[str] = frozenset()) -> list[str]:
+        """The flags reproducing ``args`` where they differ from the defaults (but ``exclude``:
+        the flags another set, sharing them, passes on already)."""
         out: list[str] = []
         for spec in self.specs:
+            if spec.flag in exclude:
+                continue
             value = getattr(args, spec.dest, None)
             if value == spec.default or value is None:
                 continue

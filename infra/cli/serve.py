@@ -59,11 +59,6 @@ def add_commands(sub: Any) -> None:
     add_common(wk)
     add_engine(wk)
     WORKER.add_to(wk)
-    VLLM.add_to(wk)
-    wk.add_argument(
-        "--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
-        help="any other AsyncEngineArgs field (value parsed as JSON when it is JSON)",
-    )  # fmt: skip
 
     ix = sub.add_parser("indexer", help="KV indexer: FLEET_KV -> Redis prefix index")
     add_common(ix)

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from infra.cli import build_parser
+from infra.cli import build_parser, parse_args
 from infra.cli.components import (
     CLIENT,
     FRONTEND,
@@ -27,7 +27,7 @@ from workers.engines.mocker.config import MockerConfig
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(list(argv))
+    return parse_args(list(argv))
 
 
 def test_no_flags_give_the_configs_defaults() -> None:
@@ -71,6 +71,23 @@ def test_argv_reproduces_the_arguments_in_a_child_process() -> None:
     assert KV.build(fe) == KV.build(up) and KV.build(fe).temperature == 0.0
     assert CLIENT.build(fe).stall_timeout_s == 5.0 and fe.router == "approx"
     assert engine_argv(parse("up")) == []  # defaults are not repeated
+
+
+def test_the_block_size_defaults_by_engine_and_vllm_flags_reach_its_workers() -> None:
+    assert parse("worker").block_size == 16
+    assert parse("worker", "--engine", "vllm").block_size == 32  # the CPU build's multiple
+    assert parse("worker", "--engine", "vllm", "--block-size", "64").block_size == 64
+    up = parse(
+        "up", "--engine", "vllm", "--model", "/m", "--max-num-seqs", "8", "--cpu-threads", "1",
+        "--enable-lora", "--vllm-arg", "max_model_len=2048",
+    )  # fmt: skip
+    argv = engine_argv(up)
+    assert argv.count("--max-num-seqs") == 1  # a flag both engines declare, passed on once
+    assert "--block-size" not in argv  # the child resolves the same default
+    child = parse("worker", *argv)
+    assert VLLM.build(child, model="/m") == VLLM.build(up, model="/m")
+    assert child.vllm_arg == ["max_model_len=2048"] and child.block_size == 32
+    assert "--enable-lora" not in engine_argv(parse("up", "--enable-lora"))  # mocker: not vLLM's
 
 
 def test_repeatable_flags_become_tuples() -> None:
