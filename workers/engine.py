@@ -90,6 +90,9 @@ class Engine(Protocol):
     max_num_seqs: int
     num_gpu_blocks: int
     block_size: int
+    # the longest prompt + completion the engine serves, known once started (None: the model
+    # card's context length); the worker publishes the smaller of the two
+    max_model_len: int | None
 
     async def start(self, kv_listener: KvListener) -> None: ...
 

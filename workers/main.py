@@ -76,7 +76,6 @@ async def run_worker(
         pool_consumer(cfg.subjects, cfg.model_name, cfg.role),
     )
     registry = Registry(cfg, js, engine)
-    await registry.publish_model(local)
     prom = CollectorRegistry()
 
     def health() -> tuple[bool, str]:
@@ -99,7 +98,10 @@ async def run_worker(
         WorkerMetrics(prom, cfg.model_name, cfg.worker_id),
         tracing,
     )
-    await runtime.start()
+    await runtime.start()  # starts the engine
+    if engine.max_model_len is not None and engine.max_model_len < local.context_length:
+        local = replace(local, context_length=engine.max_model_len)  # what the engine serves
+    await registry.publish_model(local)  # before the registration: frontends need the card
     hooks.append(runtime.republish_recent)  # chunks in flight to a server that died
     await registry.register()
     on_stop_signal(registry.request_stop)

@@ -89,6 +89,7 @@ class MockerEngine:
         self.max_num_seqs = config.max_num_seqs
         self.num_gpu_blocks = config.num_gpu_blocks
         self.block_size = config.block_size
+        self.max_model_len: int | None = None  # the model card's context length
         self._source = vocabulary_token_source(vocab)
         self._scheduler = Scheduler(config, self._source)
         self._encode = encode

@@ -30,6 +30,8 @@ class StartedLlm:
     num_gpu_blocks: int  # KV cache size vLLM settled on after profiling memory
     block_size: int  # tokens per block vLLM actually uses (it may override the asked-for size)
     version: str  # vllm.__version__: which release's behaviour to expect (``versions.py``)
+    on_cpu: bool = False  # vLLM's CPU build (no sleep mode, eager by default)
+    max_model_len: int | None = None  # the context vLLM settled on (model_config)
 
 
 class VllmBackend(Protocol):
@@ -96,7 +98,14 @@ class RealVllmBackend:
             self.engine_args(config, kv), stat_loggers=[logger]
         )
         cache = llm.vllm_config.cache_config
-        return StartedLlm(llm, int(cache.num_gpu_blocks or 0), int(cache.block_size), self._version)
+        return StartedLlm(
+            llm,
+            int(cache.num_gpu_blocks or 0),
+            int(cache.block_size),
+            self._version,
+            self._on_cpu(),
+            int(llm.vllm_config.model_config.max_model_len),
+        )
 
     def _on_cpu(self) -> bool:
         return bool(self._platforms.current_platform.is_cpu())
