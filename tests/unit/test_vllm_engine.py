@@ -135,6 +135,9 @@ class FakeLLM:
         if self.unhealthy is not None:
             raise self.unhealthy
 
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.streams)
+
     async def add_lora(self, lora: Any) -> bool:
         self.loras[lora[2]] = lora
         return True
@@ -156,13 +159,14 @@ class FakeBackend:
     kv: KvEventsEndpoints | None = None
     version: str = "0.33.0"
     block_size: int | None = None  # what vLLM settled on (None: as configured)
+    on_cpu: bool = False
 
     def start_llm(
         self, config: VllmEngineConfig, kv: KvEventsEndpoints | None, stats: SchedulerStatsCollector
     ) -> StartedLlm:
         self.stats, self.kv = stats, kv
         size = config.block_size if self.block_size is None else self.block_size
-        return StartedLlm(self.llm, 1000, size, self.version)
+        return StartedLlm(self.llm, 1000, size, self.version, self.on_cpu)
 
     def sampling_params(self, kwargs: dict[str, Any]) -> Any:
         if kwargs["temperature"] < 0:
@@ -486,6 +490,19 @@ async def test_health() -> None:
     backend.llm.unhealthy = RuntimeError("EngineDeadError")
     res = await engine.control("health", {})
     assert not res.ok and "EngineDeadError" in res.detail
+    await engine.stop()
+
+
+async def test_the_cpu_build_says_it_cannot_sleep_and_keeps_serving() -> None:
+    backend = FakeBackend(on_cpu=True)
+    engine = VllmEngine(config(enable_sleep_mode=True), backend)
+    await engine.start(lambda events: None)
+    res = await engine.control("sleep", {})
+    assert not res.ok and "CPU build cannot sleep" in res.detail
+    assert backend.llm.slept == []  # vLLM was not asked
+    assert (await engine.control("wake", {})).detail == "awake"
+    health = await engine.control("health", {})
+    assert health.data["sleeping"] is False
     await engine.stop()
 
 

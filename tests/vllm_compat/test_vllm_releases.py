@@ -65,6 +65,8 @@ BOUNDARIES = (
     "0.24.0",
     "0.25.1",
     "0.26.0",
+    "0.28.0",
+    "0.29.0",
     "0.33.0",
 )
 
@@ -388,6 +390,7 @@ def test_reset_and_sleep_behave_as_versions_py_says(release: SimpleNamespace) ->
     core = sources.source_text(release.release, "vllm/v1/engine/core.py") or ""
     resets = "reset_prefix_cache" in sleep_src or "clear_prefix_cache = level >= 1" in core
     assert resets is facts.sleep_resets_cache
+    assert ("get_num_unfinished_requests" in llm) is facts.counts_unfinished
 
 
 def test_outputs_and_stats_have_the_fields_the_adapter_reads(vllm: SimpleNamespace) -> None:

@@ -75,7 +75,8 @@ class VllmEngineConfig:
     """No CUDA graphs or torch.compile (faster start, slower decode). None: on for vLLM's CPU
     build (compiling takes minutes on a laptop CPU), off on a GPU."""
     enable_sleep_mode: bool = False
-    """Allow the ``sleep``/``wake`` control ops (vLLM's CuMem allocator)."""
+    """Allow the ``sleep``/``wake`` control ops (vLLM's CuMem allocator: a GPU only; on the CPU
+    build the worker serves without it and ``sleep`` says why it cannot)."""
     enable_lora: bool = False
     max_loras: int = 4
     """Adapters resident on the GPU at once."""
@@ -167,7 +168,7 @@ def engine_args_kwargs(
         "enforce_eager": on_cpu if cfg.enforce_eager is None else cfg.enforce_eager,
         "enable_prefix_caching": True,
         "disable_log_stats": False,
-        "enable_sleep_mode": cfg.enable_sleep_mode,
+        "enable_sleep_mode": cfg.enable_sleep_mode and not on_cpu,  # vLLM refuses it on a CPU
     }
     optional = {
         "max_model_len": cfg.max_model_len,

@@ -77,6 +77,10 @@ from workers.engines.vllm.versions import VllmFeatures, features
 log = structlog.get_logger("jetfleet.vllm")
 
 ControlHandler = Callable[[dict[str, str]], Awaitable[ControlResult]]
+CPU_CANNOT_SLEEP = (
+    "vLLM's CPU build cannot sleep (sleep mode needs a GPU's CuMem allocator); the worker keeps "
+    "serving with its weights and KV cache in place"
+)
 
 
 class VllmConfigMismatchError(RuntimeError):
@@ -107,9 +111,11 @@ class VllmEngine:
         self.max_num_seqs = config.max_num_seqs
         self.block_size = config.block_size
         self.num_gpu_blocks = 0  # known once started
+        self.max_model_len: int | None = None  # known once started
         self._llm: Any = None
         self._features: VllmFeatures | None = None  # known once started
         self._sleep_level = 0
+        self._on_cpu = False  # known once started
         self._vllm_clears = 0  # AllBlocksCleared events vLLM itself published
         self._vllm_cleared = asyncio.Event()  # set by each of them
         self._stats = SchedulerStatsCollector()
@@ -186,6 +192,10 @@ class VllmEngine:
             await self.stop()
             raise
         self.num_gpu_blocks = started.num_gpu_blocks
+        self.max_model_len = started.max_model_len
+        self._on_cpu = started.on_cpu
+        if started.on_cpu and self.config.enable_sleep_mode:
+            log.warning("vllm_sleep_mode_unavailable", reason=CPU_CANNOT_SLEEP)
         log.info(
             "vllm_started",
             model=self.config.model,
@@ -513,6 +523,9 @@ class VllmEngine:
             "num_gpu_blocks": self.num_gpu_blocks,
             "cached_blocks": len(self._shadow),
         }
+        if self._features is not None and self._features.counts_unfinished:
+            # requests vLLM itself has not finished (a cancel must bring it to 0)
+            data["vllm_unfinished"] = self._llm.get_num_unfinished_requests()
         sub = self._subscriber
         if sub is not None:
             st = sub.stats
@@ -527,6 +540,8 @@ class VllmEngine:
         return ControlResult(True, "running", data)
 
     async def _sleep(self, args: dict[str, str]) -> ControlResult:
+        if self._on_cpu:
+            return ControlResult(False, CPU_CANNOT_SLEEP)
         if not self.config.enable_sleep_mode:
             return ControlResult(False, "vLLM sleep mode is off for this worker")
         level = int(args.get("level", "1"))

@@ -31,7 +31,8 @@ release     change
 0.26.0      replay replies carry the topic: ``[b"", topic, seq, payload]``, end marker
             ``[b"", b"", -1, b""]`` (before: ``[b"", seq, payload]`` and ``[b"", -1, b""]``);
             ``locality`` on events
-0.29.0      ``ownership``; 0.30.0 ``session_id``; 0.33.0 ``lookahead_token_ids``
+0.29.0      ``ownership``; 0.30.0 ``session_id``; 0.33.0 ``lookahead_token_ids``;
+            ``AsyncLLM.get_num_unfinished_requests`` (0.29.0; the worker's health reports it)
 ==========  ===========================================================================
 
 Unchanged over the whole range: the PUB frames ``[topic, seq (8 B big-endian), payload]``, the
@@ -56,6 +57,7 @@ KV_OFFLOADING: Version = (0, 11, 2)
 RESET_RETURNS_BOOL: Version = (0, 12, 0)
 EVENTS_AS_MAPS: Version = (0, 24, 0)
 REPLAY_WITH_TOPIC: Version = (0, 26, 0)
+COUNTS_UNFINISHED: Version = (0, 29, 0)
 
 # The compatibility tests run against these releases' own source files.
 TESTED_RELEASES = ("0.10.0", "0.25.1", "0.33.0")
@@ -78,6 +80,7 @@ class VllmFeatures:
     events_as_maps: bool  # event structs map-encoded (the decoder reads both anyway)
     replay_with_topic: bool  # replay replies carry the topic frame
     structured_outputs: bool  # SamplingParams(structured_outputs=...), else guided_decoding=
+    counts_unfinished: bool  # AsyncLLM.get_num_unfinished_requests()
 
     @property
     def label(self) -> str:
@@ -99,4 +102,5 @@ def features(version: str | Version) -> VllmFeatures:
         events_as_maps=v >= EVENTS_AS_MAPS,
         replay_with_topic=v >= REPLAY_WITH_TOPIC,
         structured_outputs=v >= STRUCTURED_OUTPUTS,
+        counts_unfinished=v >= COUNTS_UNFINISHED,
     )
