@@ -24,6 +24,7 @@ from schemas import Subjects
 class Up:
     base_url: str
     nats_url: str
+    redis_url: str
     subjects: Subjects
     proc: subprocess.Popen[bytes]
     log: Path
@@ -56,7 +57,9 @@ def up_argv(tmp_path: Path, port: int, *extra: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_up(tmp: Path, workers: int, *extra: str) -> Iterator[Up]:
+def running_up(
+    tmp: Path, workers: int, *extra: str, start_timeout_s: float = 120.0
+) -> Iterator[Up]:
     """``jetfleet up --no-planner --workers N`` plus ``extra`` (``--nats URL``: on that NATS),
     until it says it is up and every worker is registered; stopped with Ctrl-C at the end."""
     port = free_port()
@@ -65,20 +68,26 @@ def running_up(tmp: Path, workers: int, *extra: str) -> Iterator[Up]:
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + start_timeout_s
         while not (up := _UP_LINE.search(log.read_text(errors="replace"))):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        fleet = Up(f"http://127.0.0.1:{port}", up.group(1), Subjects(), proc, log)
+        fleet = Up(f"http://127.0.0.1:{port}", up.group(1), up.group(2), Subjects(), proc, log)
         wait_http_ok(f"{fleet.base_url}/ready", 30)
-        deadline = time.monotonic() + 60
-        while len(fleet.workers()) < workers:
-            assert time.monotonic() < deadline, "the workers did not all register"
-            time.sleep(0.2)
+        wait_ready_workers(fleet, workers, start_timeout_s)
         yield fleet
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
 
 
-_UP_LINE = re.compile(r"jetfleet is up.*\nNATS (\S+) \(clients publish")
+def wait_ready_workers(fleet: Up, workers: int, timeout_s: float) -> list[dict[str, Any]]:
+    """Until ``workers`` workers are registered and ready (a restarted one included)."""
+    deadline = time.monotonic() + timeout_s
+    while len(ready := fleet.workers()) < workers:
+        assert time.monotonic() < deadline, f"not {workers} workers ready after {timeout_s} s"
+        time.sleep(0.5)
+    return ready
+
+
+_UP_LINE = re.compile(r"jetfleet is up.*\nNATS (\S+) \(clients publish.*Redis (\S+)")

@@ -1,0 +1,1 @@
+"""The real vLLM engine (its CPU build in CI) serving real models through the whole fleet."""
