@@ -84,6 +84,22 @@ class OutputSink(Protocol):
 KvListener = Callable[[Sequence[KvCacheEvent]], None]
 
 
+def _ignore(*_args: object) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineHooks:
+    """What an engine tells its worker, given to ``Engine.start``."""
+
+    kv_events: KvListener  # the engine's KV cache changed: events to publish, in order
+    # (prefill engine id, request id): a remote prefill's KV landed here, its worker may free it
+    kv_pulled: Callable[[str, str], None] = _ignore
+    # the engine died (its reason): it serves nothing more; the worker leaves the fleet at once,
+    # without ending the requests it held (their frontends migrate them), and exits failed
+    failed: Callable[[str], None] = _ignore
+
+
 class Engine(Protocol):
     name: str
     tasks: tuple[str, ...]  # "generate" and/or "embed"
@@ -94,7 +110,7 @@ class Engine(Protocol):
     # card's context length); the worker publishes the smaller of the two
     max_model_len: int | None
 
-    async def start(self, kv_listener: KvListener) -> None: ...
+    async def start(self, hooks: EngineHooks) -> None: ...
 
     async def stop(self) -> None: ...
 

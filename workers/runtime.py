@@ -14,7 +14,10 @@
   message of a request already running or recently finished changes nothing;
 - cancels (core NATS) abort the request in the engine; control ops answer on fleet.ctl.{worker}.*;
 - KV events and periodic ``WorkerLoad`` reports are published; registration is heartbeated;
-- SIGTERM drains: status "draining", stop pulling, finish in-flight work, deregister, exit.
+- SIGTERM drains: status "draining", stop pulling, finish in-flight work, deregister, exit;
+- an engine that dies (``EngineHooks.failed``) makes the worker leave at once: ``failure`` is
+  set, the stop is requested, and the worker deregisters before anything else, without ending
+  or acking its requests (their frontends migrate them).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from schemas.trace import HEADER as TRACE_HEADER
 from schemas.trace import parse_traceparent
 from schemas.validate import is_subject_token, request_problem
 from workers.config import WorkerConfig
-from workers.engine import Engine, EngineRequest
+from workers.engine import Engine, EngineHooks, EngineRequest
 from workers.kv_batching import split_events
 from workers.metrics import WorkerMetrics
 from workers.recent_chunks import RecentChunks
@@ -113,12 +116,11 @@ class WorkerRuntime:
         self._reported_prefill = False  # the last load report counted prompts still to prefill
         self._recent = RecentChunks()  # published again after a NATS reconnect
         self._loop = asyncio.get_running_loop()
+        self.failure: str | None = None  # why the engine died, if it did
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        if hasattr(self.engine, "on_kv_pulled"):  # the mocker: tell prefill workers to free
-            self.engine.on_kv_pulled = self._kv_pulled
-        await self.engine.start(self._on_kv_events)
+        await self.engine.start(EngineHooks(self._on_kv_events, self._kv_pulled, self._failed))
         s, cfg = self.subjects, self.cfg
         self._subs.append(await self.nc.subscribe(s.cancel_all(), cb=self._on_cancel))
         self._subs.append(await self.nc.subscribe(s.ctl_worker(cfg.worker_id), cb=self._on_control))
@@ -154,17 +156,27 @@ class WorkerRuntime:
         self._capacity.set()
         self.log.info("worker_consuming", subject=s.req_worker(cfg.model_name, cfg.worker_id))
 
+    def _failed(self, reason: str) -> None:
+        """The engine died: leave at once (see the module docstring)."""
+        self.log.error("engine_failed", reason=reason, in_flight=len(self.active))
+        self.failure = reason
+        self.registry.request_stop()
+
     async def drain_and_stop(self) -> None:
-        """Stop taking work, finish what is in flight (bounded), then stop the engine."""
+        """Stop taking work, finish what is in flight (bounded), then stop the engine. After an
+        engine failure: deregister first, and leave what was in flight to the frontends."""
         self._stopping = True
         self._capacity.set()  # wake the pool loop so it sees the stop
-        await self.registry.set_status("draining")
-        self.log.info("worker_draining", in_flight=len(self.active))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self.cfg.drain_timeout_s)
-        for rid in list(self.active):  # drain deadline passed: abort; frontends migrate
-            self.engine.abort(rid)
-        await self._flush()
+        if self.failure is not None:
+            await self.registry.deregister()
+        else:
+            await self.registry.set_status("draining")
+            self.log.info("worker_draining", in_flight=len(self.active))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), self.cfg.drain_timeout_s)
+            for rid in list(self.active):  # drain deadline passed: abort; frontends migrate
+                self.engine.abort(rid)
+            await self._flush()
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

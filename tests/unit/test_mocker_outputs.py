@@ -17,7 +17,7 @@ from model.structured import Unsatisfiable, instance, problem, render
 from schemas import SamplingParams, StructuredOutput
 from tests.helpers import wait_for
 from tests.unit.mocker_utils import add_and_run, make_config, make_request, make_scheduler
-from workers.engine import EngineOutput, EngineRequest
+from workers.engine import EngineHooks, EngineOutput, EngineRequest
 from workers.engines.mocker.embedding import embedding
 from workers.engines.mocker.engine import MockerEngine, vocabulary_token_source
 from workers.engines.mocker.logprobs import chosen_probability, prompt_logprobs, token_logprob
@@ -178,7 +178,7 @@ async def _generate(engine: MockerEngine, request: EngineRequest) -> list[Engine
 
 async def test_the_engine_sends_logprobs_for_every_token_and_the_prompt_once() -> None:
     engine = MockerEngine(make_config(speedup=1000.0), VOCAB, lambda text: [ord(c) for c in text])
-    await engine.start(lambda events: None)
+    await engine.start(EngineHooks(lambda events: None))
     try:
         sp = SamplingParams(max_tokens=6, seed=5, logprobs=2, prompt_logprobs=1)
         outs = await _generate(engine, EngineRequest("r", (1, 2, 3, 4), sp))
@@ -240,7 +240,7 @@ def test_embedding_vectors() -> None:
 
 async def test_the_engine_answers_embeddings() -> None:
     engine = MockerEngine(make_config(speedup=1000.0), VOCAB, hidden_size=16)
-    await engine.start(lambda events: None)
+    await engine.start(EngineHooks(lambda events: None))
     try:
         sp = SamplingParams(max_tokens=1)
         [out] = await _generate(engine, EngineRequest("e", (5, 6, 7), sp, task="embed"))
@@ -258,7 +258,7 @@ async def test_the_load_counts_the_prefill_of_the_step_in_its_forward_pass() -> 
     """The scheduler moves a sequence's counters when it plans the step; until the pass ends
     (the engine's sleep), those prompt tokens are still prefill to do, as in vLLM."""
     engine = MockerEngine(make_config(speedup=0.05), VOCAB)
-    await engine.start(lambda events: None)
+    await engine.start(EngineHooks(lambda events: None))
     try:
         sink = Sink()
         request = EngineRequest("p", tuple(range(1, 41)), SamplingParams(max_tokens=2))

@@ -25,10 +25,10 @@ from schemas.requests import StructuredOutput
 from schemas.tokens import TokenLogprob
 from workers.engine import (
     ControlResult,
+    EngineHooks,
     EngineLoad,
     EngineOutput,
     EngineRequest,
-    KvListener,
     OutputSink,
 )
 from workers.engines.mocker.config import MockerConfig
@@ -100,7 +100,6 @@ class MockerEngine:
         # side of each remote decode in flight here (to tell it the KV was pulled); the
         # transfer time of each landed transfer until its first output; the hold timers.
         self.engine_id = engine_id
-        self.on_kv_pulled: Callable[[str, str], None] = lambda _engine, _request: None
         self._remote: dict[str, tuple[str, str]] = {}
         self._transfer_ms: dict[str, float] = {}
         self._hold_timers: dict[str, asyncio.TimerHandle] = {}
@@ -108,7 +107,7 @@ class MockerEngine:
         self._sinks: dict[str, OutputSink] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._kv_listener: KvListener | None = None
+        self._hooks = EngineHooks(lambda _events: None)  # given at start
         self._last_step_ms = 0.0
         # prompt tokens of the step in its forward pass: its sequences' counters have moved
         # on, but until the pass ends those tokens are prefill still to do (as in vLLM, whose
@@ -116,8 +115,8 @@ class MockerEngine:
         self._step_prefill_tokens = 0
         self._sleeping = False
 
-    async def start(self, kv_listener: KvListener) -> None:
-        self._kv_listener = kv_listener
+    async def start(self, hooks: EngineHooks) -> None:
+        self._hooks = hooks
         self._task = asyncio.create_task(self._run(), name="mocker-loop")
 
     async def stop(self) -> None:
@@ -239,8 +238,7 @@ class MockerEngine:
             return ControlResult(ok, "" if ok else "blocks in use; drain first")
         if op == "kv_resync":  # a KV indexer lost track: publish the whole cache again
             self._flush_kv_events()
-            if self._kv_listener is not None:
-                self._kv_listener(self._scheduler.snapshot_events())
+            self._hooks.kv_events(self._scheduler.snapshot_events())
             return ControlResult(True, "cache republished")
         if op == "sleep":
             self._sleeping = True
@@ -264,8 +262,8 @@ class MockerEngine:
 
     def _flush_kv_events(self) -> None:
         events = self._scheduler.take_events()
-        if events and self._kv_listener is not None:
-            self._kv_listener(events)
+        if events:
+            self._hooks.kv_events(events)
 
     def _dispatch(self, outputs) -> None:  # type: ignore[no-untyped-def]
         sinks = self._sinks
@@ -340,7 +338,7 @@ class MockerEngine:
     def _notify_pulled(self, rid: str) -> None:
         remote = self._remote.pop(rid, None)
         if remote is not None and remote[0]:
-            self.on_kv_pulled(*remote)
+            self._hooks.kv_pulled(*remote)
 
     def _landed(self, transfers: tuple[tuple[str, float], ...]) -> None:
         for rid, ms in transfers:
