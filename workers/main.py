@@ -28,6 +28,10 @@ from workers.runtime import WorkerRuntime
 log = structlog.get_logger("jetfleet.worker")
 
 
+class EngineFailedError(RuntimeError):
+    """The worker's engine died; the worker left the fleet (its requests migrated)."""
+
+
 @dataclass(frozen=True)
 class EngineChoice:
     kind: str  # "mocker" | "vllm"
@@ -115,9 +119,11 @@ async def run_worker(
     try:
         await registry.stop_requested.wait()
     finally:
-        await runtime.drain_and_stop()
+        await runtime.drain_and_stop()  # after an engine failure: deregistered at its start
         log.info("worker_drained", worker_id=cfg.worker_id)
         await registry.deregister()
         await close_nats(nc)
         tracing.shutdown()
         log.info("worker_stopped", worker_id=cfg.worker_id)
+    if runtime.failure is not None:
+        raise EngineFailedError(runtime.failure)

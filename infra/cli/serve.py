@@ -180,7 +180,7 @@ def _vllm_extra(items: list[str]) -> dict[str, Any]:
 def _worker(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
     from model.card import default_model_dir, load_model_dir
     from workers.engines.vllm.backend import VllmNotInstalledError
-    from workers.main import EngineChoice, run_worker
+    from workers.main import EngineChoice, EngineFailedError, run_worker
 
     model_dir = Path(args.model) if args.model else default_model_dir()
     local = load_model_dir(
@@ -212,4 +212,9 @@ def _worker(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int
     except VllmNotInstalledError as exc:
         print(f"jetfleet worker: {exc}", file=sys.stderr)
         return 2
+    except EngineFailedError as exc:  # left the fleet; a supervisor starts a new one
+        print(
+            f"jetfleet worker: the engine died ({exc}); the worker left the fleet", file=sys.stderr
+        )
+        return 1
     return 0

@@ -23,7 +23,7 @@ from schemas.kv_events import AllBlocksCleared
 from schemas.requests import SamplingParams, StructuredOutput
 from schemas.tokens import TokenLogprob
 from tests.helpers import wait_for
-from workers.engine import EngineOutput, EngineRequest
+from workers.engine import EngineHooks, EngineOutput, EngineRequest
 from workers.engines.vllm.backend import StartedLlm
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig
 from workers.engines.vllm.engine import VllmConfigMismatchError, VllmEngine
@@ -73,6 +73,7 @@ class FakeLLM:
         self.unhealthy: Exception | None = None
         self.loras: dict[int, Any] = {}
         self.shut_down = False
+        self.errored = False  # AsyncLLM.errored: its engine core died
 
     def queue(self, vllm_id: str) -> asyncio.Queue[Any]:
         return self.streams.setdefault(vllm_id, asyncio.Queue())
@@ -212,7 +213,7 @@ async def started(
 ) -> tuple[VllmEngine, FakeBackend]:
     backend = FakeBackend(version=version)
     engine = VllmEngine(config(**overrides), backend)
-    await engine.start(listener or (lambda events: None))
+    await engine.start(EngineHooks(listener or (lambda events: None)))
     return engine, backend
 
 
@@ -496,13 +497,41 @@ async def test_health() -> None:
 async def test_the_cpu_build_says_it_cannot_sleep_and_keeps_serving() -> None:
     backend = FakeBackend(on_cpu=True)
     engine = VllmEngine(config(enable_sleep_mode=True), backend)
-    await engine.start(lambda events: None)
+    await engine.start(EngineHooks(lambda events: None))
     res = await engine.control("sleep", {})
     assert not res.ok and "CPU build cannot sleep" in res.detail
     assert backend.llm.slept == []  # vLLM was not asked
     assert (await engine.control("wake", {})).detail == "awake"
     health = await engine.control("health", {})
     assert health.data["sleeping"] is False
+    await engine.stop()
+
+
+async def test_a_dead_engine_tells_the_worker_and_ends_nothing_it_held() -> None:
+    failed: list[str] = []
+    backend = FakeBackend()
+    engine = VllmEngine(config(), backend)
+    await engine.start(EngineHooks(lambda events: None, failed=failed.append))
+    held = await submitted(engine, backend, request("held"))
+    backend.llm.errored = True  # vLLM's engine core died: every stream raises
+    await push(backend, RuntimeError("EngineDeadError: EngineCore encountered an issue"))
+    await wait_for(lambda: failed, timeout=2.0, interval=0.001)
+    assert "EngineDeadError" in failed[0]
+    assert held.final is None  # no error ending: the frontend migrates it elsewhere
+    late = Sink()
+    engine.add_request(request("late"), late)
+    assert late.outputs == []
+    await engine.stop()
+
+
+async def test_an_idle_engine_that_dies_is_noticed() -> None:
+    failed: list[str] = []
+    backend = FakeBackend()
+    engine = VllmEngine(config(), backend)
+    await engine.start(EngineHooks(lambda events: None, failed=failed.append))
+    backend.llm.errored = True
+    await wait_for(lambda: failed, timeout=3.0)
+    assert failed == ["vLLM's engine core died"]
     await engine.stop()
 
 
@@ -610,14 +639,14 @@ async def test_start_refuses_a_block_size_vllm_overrode() -> None:
     backend = FakeBackend(block_size=64)
     engine = VllmEngine(config(block_size=16), backend)
     with pytest.raises(VllmConfigMismatchError, match=r"blocks of 64 tokens.*blocks of 16"):
-        await engine.start(lambda events: None)
+        await engine.start(EngineHooks(lambda events: None))
     assert backend.llm.shut_down
 
 
 async def test_start_refuses_a_vllm_below_the_floor() -> None:
     engine = VllmEngine(config(), FakeBackend(version="0.9.2"))
     with pytest.raises(ValueError, match="older than the supported floor"):
-        await engine.start(lambda events: None)
+        await engine.start(EngineHooks(lambda events: None))
 
 
 async def test_vllm_is_built_off_the_event_loop() -> None:
@@ -632,7 +661,7 @@ async def test_vllm_is_built_off_the_event_loop() -> None:
             return super().start_llm(*args)
 
     engine = VllmEngine(config(), SlowBackend())
-    starting = asyncio.create_task(engine.start(lambda events: None))
+    starting = asyncio.create_task(engine.start(EngineHooks(lambda events: None)))
     ticks = 0
     while not threads:  # the loop keeps running while vLLM is being built
         ticks += 1
@@ -716,7 +745,7 @@ async def test_a_failed_start_leaves_no_socket_directory(monkeypatch: pytest.Mon
     engine = VllmEngine(config(kv_events=True), FailingBackend())
     try:
         with pytest.raises(RuntimeError, match="out of memory"):
-            await engine.start(lambda events: None)
+            await engine.start(EngineHooks(lambda events: None))
         assert os.listdir(short) == []
     finally:
         shutil.rmtree(short, ignore_errors=True)

@@ -352,6 +352,7 @@ ASYNC_LLM_CALLS = {
     "encode": {"lora_request"},  # and (prompt, pooling_params, request_id) by position
     "abort": set(),
     "check_health": set(),
+    "errored": set(),  # a property
     "is_sleeping": set(),
     "reset_prefix_cache": set(),
     "sleep": {"level"},

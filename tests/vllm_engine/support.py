@@ -53,6 +53,14 @@ def engine_processes(owner: int | None = None) -> list[int]:
     return found
 
 
+def title(pid: int) -> str:
+    """The process's title (vLLM names its processes ``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 async def control(
     nc: NATS, worker_id: str, op: str, timeout_s: float = 60.0, **args: str
 ) -> ControlReply:

@@ -1,6 +1,8 @@
-"""A real engine lost mid-request: a client that hangs up (vLLM aborts the request), and a vLLM
+"""A real engine lost mid-request: a client that hangs up (vLLM aborts the request); a vLLM
 worker killed with SIGKILL under four streams (each completes on the other worker with no token
-lost or repeated at the seam, and the dead worker's engine processes do not outlive it)."""
+lost or repeated at the seam, and the dead worker's engine processes do not outlive it); and
+vLLM's own engine process killed under a worker that lives on (the worker leaves the fleet at
+once, its streams complete elsewhere, and ``up`` starts it again)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from base.connect import close_nats, connect_nats
 from tests.helpers import sse_events, wait_for
 from tests.up import Up, wait_ready_workers
 from tests.vllm_engine.conftest import START_TIMEOUT_S
-from tests.vllm_engine.support import alive, control, engine_processes
+from tests.vllm_engine.support import alive, control, engine_processes, title
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
@@ -66,7 +68,11 @@ async def test_a_client_that_hangs_up_aborts_the_request_inside_vllm(real_fleet:
         await close_nats(nc)
 
 
-async def test_a_worker_killed_mid_stream_loses_no_token(real_fleet: Up) -> None:
+@pytest.mark.parametrize("kill", ["worker", "engine core"])
+async def test_a_worker_killed_mid_stream_loses_no_token(real_fleet: Up, kill: str) -> None:
+    """``engine core``: vLLM's EngineCore process is killed, not the
+    worker; vLLM fails every request with EngineDeadError, and without the worker leaving at
+    once they would end in errors (or the worker would stay registered, failing all it gets)."""
     workers = wait_ready_workers(real_fleet, 2, START_TIMEOUT_S)
     url = f"{real_fleet.base_url}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=300) as client:
@@ -96,10 +102,14 @@ async def test_a_worker_killed_mid_stream_loses_no_token(real_fleet: Up) -> None
         victim = next(w for w in workers if w["worker_id"] == max(busy, key=lambda w: busy[w]))
         engines = engine_processes(owner=victim["pid"])
         assert engines, "the worker's vLLM processes were not found"
-        os.kill(victim["pid"], signal.SIGKILL)
+        core = [pid for pid in engines if title(pid).startswith("VLLM::EngineCore")]
+        assert len(core) == 1, [title(pid) for pid in engines]
+        os.kill(victim["pid"] if kill == "worker" else core[0], signal.SIGKILL)
         await asyncio.gather(*tasks)
     assert ["".join(t) for t in texts] == [want] * 4  # nothing lost, nothing repeated
     assert finish == [reference["choices"][0]["finish_reason"]] * 4
     await wait_for(lambda: not any(alive(pid) for pid in engines), timeout=10)
-    # up restarts the worker: the fleet is whole again for the tests after this one
+    # the worker is gone too (it left when its engine died), and up starts it again: the fleet
+    # is whole for the tests after this one
+    await wait_for(lambda: not alive(victim["pid"]), timeout=30)
     wait_ready_workers(real_fleet, 2, START_TIMEOUT_S)

@@ -14,6 +14,12 @@
   lost for good, the fleet is told ``AllBlocksCleared`` and vLLM's prefix cache is reset (retried
   every ``kv_reset_retry_s`` while blocks are in use) so what vLLM holds and what the fleet
   sees meet again.
+- **Death.** When vLLM's engine core dies (``EngineDeadError``: a crash, an engine process
+  killed) every request fails inside vLLM and ``AsyncLLM.errored`` turns true; the adapter
+  notices on the first failed request or within a second (a watcher), drops what it held without
+  final outputs and tells the worker (``EngineHooks.failed``), which leaves the fleet at once so
+  the frontends migrate those requests, and exits failed to be restarted. A worker whose engine
+  died never stays registered as a black hole that fails whatever is routed to it.
 - **Load.** ``load()`` combines the last scheduler stats (``stats.py``, a stat logger handed to
   ``AsyncLLM``) with the adapter's own counts: ``active_decode_blocks`` is vLLM's KV usage times
   its block count; ``active_prefill_tokens`` the prompt tokens of requests without a first
@@ -58,10 +64,10 @@ import structlog
 from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engine import (
     ControlResult,
+    EngineHooks,
     EngineLoad,
     EngineOutput,
     EngineRequest,
-    KvListener,
     OutputSink,
 )
 from workers.engines.vllm.backend import RealVllmBackend, VllmBackend
@@ -126,7 +132,9 @@ class VllmEngine:
         self._ids = itertools.count(1)
         self._awake = asyncio.Event()
         self._awake.set()
-        self._kv_listener: KvListener | None = None
+        self._hooks: EngineHooks | None = None  # given at start
+        self._dead: str | None = None  # why vLLM's engine died (it serves nothing more)
+        self._watch_task: asyncio.Task[None] | None = None
         self._held: list[KvCacheEvent] | None = None  # events arriving during a resync
         self._subscriber: KvEventSubscriber | None = None
         self._workdir: Path | None = None
@@ -155,8 +163,8 @@ class VllmEngine:
         return cls(config)
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self, kv_listener: KvListener) -> None:
-        self._kv_listener = kv_listener
+    async def start(self, hooks: EngineHooks) -> None:
+        self._hooks = hooks
         kv = None
         if self.config.kv_events:
             self._workdir = Path(tempfile.mkdtemp(prefix="jetfleet-vllm-"))
@@ -193,6 +201,7 @@ class VllmEngine:
             raise
         self.num_gpu_blocks = started.num_gpu_blocks
         self.max_model_len = started.max_model_len
+        self._watch_task = asyncio.create_task(self._watch_engine(), name="vllm-watch")
         self._on_cpu = started.on_cpu
         if started.on_cpu and self.config.enable_sleep_mode:
             log.warning("vllm_sleep_mode_unavailable", reason=CPU_CANNOT_SLEEP)
@@ -207,8 +216,7 @@ class VllmEngine:
     async def stop(self) -> None:
         tasks = [r.task for r in self._running.values() if r.task is not None]
         self._running.clear()
-        if self._reset_task is not None:
-            tasks.append(self._reset_task)
+        tasks += [t for t in (self._reset_task, self._watch_task) if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -224,6 +232,8 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: EngineRequest, sink: OutputSink) -> None:
+        if self._dead is not None:
+            return  # the worker is leaving: its frontends migrate what it held
         rid = request.request_id
         if rid in self._running:  # a newer attempt replaces the running one
             self.abort(rid)
@@ -311,8 +321,34 @@ class VllmEngine:
                     await self._llm.abort(run.vllm_id)
             raise
         except Exception as exc:
+            if self._llm is not None and self._llm.errored:
+                self._engine_died(f"{type(exc).__name__}: {exc}")
+                return
             log.warning("vllm_request_failed", request_id=run.request_id, error=repr(exc))
             self._finish(run, "error", f"{type(exc).__name__}: {exc}")
+
+    async def _watch_engine(self, period_s: float = 1.0) -> None:
+        """An idle engine that dies fails no request: notice it anyway (``AsyncLLM.errored``)."""
+        while self._llm is not None and self._dead is None:
+            if self._llm.errored:
+                self._engine_died("vLLM's engine core died")
+                return
+            await asyncio.sleep(period_s)
+
+    def _engine_died(self, reason: str) -> None:
+        """vLLM's engine is gone for good (``EngineDeadError``): nothing in flight gets a final
+        output (the worker leaves the fleet and the frontends migrate those requests)."""
+        if self._dead is not None:
+            return
+        self._dead = reason
+        log.error("vllm_engine_dead", reason=reason, in_flight=len(self._running))
+        runs = list(self._running.values())
+        self._running.clear()
+        for run in runs:
+            if run.task is not None and run.task is not asyncio.current_task():
+                run.task.cancel()
+        if self._hooks is not None:
+            self._hooks.failed(reason)
 
     def _deliver_embedding(self, run: _Running, out: Any) -> bool:
         """A ``PoolingRequestOutput``: the vector, on the finished one."""
@@ -441,12 +477,12 @@ class VllmEngine:
 
     def _on_vllm_events(self, events: Sequence[KvCacheEvent]) -> None:
         forward = self._shadow.apply(events)
-        if not forward or self._kv_listener is None:
+        if not forward or self._hooks is None:
             return
         if self._held is not None:
             self._held.extend(forward)
         else:
-            self._kv_listener(forward)
+            self._hooks.kv_events(forward)
 
     def _on_events_lost(self, reason: str) -> None:
         log.warning("vllm_kv_events_lost", reason=reason)
@@ -594,18 +630,18 @@ class VllmEngine:
     async def _kv_resync(self, args: dict[str, str]) -> ControlResult:
         """Republish the whole cache (from the shadow), one listener call per chunk so the
         worker publishes each as its own batch; live events wait until the last chunk is out."""
-        if self._subscriber is None or self._kv_listener is None:
+        if self._subscriber is None or self._hooks is None:
             return ControlResult(False, "KV events are off for this worker")
         chunks = list(self._shadow.snapshot_events(self.config.kv_resync_chunk_tokens))
         self._held = []
         try:
             for chunk in chunks:
-                self._kv_listener(chunk)
+                self._hooks.kv_events(chunk)
                 await asyncio.sleep(0)
         finally:
             held, self._held = self._held, None
             if held:
-                self._kv_listener(held)
+                self._hooks.kv_events(held)
         return ControlResult(True, f"cache republished ({len(self._shadow)} blocks)")
 
     async def _lora_load(self, args: dict[str, str]) -> ControlResult:
