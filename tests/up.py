@@ -58,12 +58,14 @@ def up_argv(tmp_path: Path, port: int, *extra: str) -> list[str]:
 
 @contextlib.contextmanager
 def running_up(
-    tmp: Path, workers: int, *extra: str, start_timeout_s: float = 120.0
+    tmp: Path, workers: int, *extra: str, start_timeout_s: float = 120.0, planner: bool = False
 ) -> Iterator[Up]:
     """``jetfleet up --no-planner --workers N`` plus ``extra`` (``--nats URL``: on that NATS),
-    until it says it is up and every worker is registered; stopped with Ctrl-C at the end."""
+    until it says it is up and every worker is registered; stopped with Ctrl-C at the end.
+    ``planner``: autoscaled (``up``'s default) instead of ``--no-planner``."""
     port = free_port()
-    argv = up_argv(tmp, port, "--workers", str(workers), "--no-planner", *extra)
+    fixed = () if planner else ("--no-planner",)
+    argv = up_argv(tmp, port, "--workers", str(workers), *fixed, *extra)
     log = tmp / "up.log"
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)

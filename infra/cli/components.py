@@ -82,6 +82,8 @@ VLLM = ConfigFlags(
 )
 # tokens per KV block when --block-size is not given: vLLM's CPU build needs a multiple of 32
 ENGINE_BLOCK_SIZE = {"mocker": 16, "vllm": 32}
+# how long a worker may take to start and register (a real model loads for minutes on a CPU)
+ENGINE_START_TIMEOUT_S = {"mocker": 60.0, "vllm": 900.0}
 # what --engine vllm serves without --model: built once from a registry package (vllm_models.py)
 VLLM_DEFAULT_MODEL = "smollm2"
 

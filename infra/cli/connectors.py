@@ -69,10 +69,16 @@ async def run_local_connector(
 
 
 def local_config(
-    nats_url: str, prefix: str, log_dir: str, worker_args: list[str], log_level: str
+    nats_url: str,
+    prefix: str,
+    log_dir: str,
+    worker_args: list[str],
+    log_level: str,
+    start_timeout_s: float,
 ) -> LocalScalerConfig:
     """``nats_url``: the URL the started workers connect with (``--worker-nats``)."""
     return LocalScalerConfig(
+        start_timeout_s=start_timeout_s,
         nats_url=nats_url,
         worker_command=tuple(cli_command("worker")),
         subject_prefix=prefix,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from infra.cli.components import add_common, add_engine, engine_argv
+from infra.cli.components import ENGINE_START_TIMEOUT_S, add_common, add_engine, engine_argv
 from infra.cli.planner_args import role_counts
 from schemas import Subjects
 
@@ -95,6 +95,13 @@ def add_commands(sub: Any) -> None:
         "--initial", action="append", default=[], metavar="ROLE=N", help="workers to start with"
     )
     loc.add_argument("--log-dir", default=".jetfleet/logs", help="the workers' log files")
+    loc.add_argument(
+        "--worker-start-timeout",
+        type=float,
+        default=None,
+        help="seconds a new worker has to register (default: 60 for the mocker, 900 for vLLM: "
+        "a real model loads in minutes on a laptop CPU)",
+    )
     loc.add_argument(
         "--worker-nats",
         default=None,
@@ -183,6 +190,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
             args.log_dir,
             [*engine_argv(args), "--metrics-port", "-1"],  # each worker advertises its port
             args.log_level,
+            args.worker_start_timeout or ENGINE_START_TIMEOUT_S[args.engine],
         )
         return int(
             runner(

@@ -47,5 +47,5 @@ def test_vllm_engine_without_vllm_fails_clearly(tmp_path) -> None:
         env=env,
     )
     assert out.returncode == 2, out.stderr
-    assert "pip install 'jetfleet[vllm]'" in out.stderr
+    assert "bash infra/bootstrap.sh vllm" in out.stderr
     assert "Traceback" not in out.stderr

@@ -1,4 +1,5 @@
-"""The vLLM engine adapter (``--engine vllm``; GPU; ``pip install 'jetfleet[vllm]'``).
+"""The vLLM engine adapter (``--engine vllm``; ``bash infra/bootstrap.sh vllm``: the CUDA build with
+a GPU, else vLLM's CPU build; docs/engines/vllm.md).
 
 Map of the package (only ``backend.py`` imports vLLM, and only when constructed):
 
@@ -11,4 +12,7 @@ Map of the package (only ``backend.py`` imports vLLM, and only when constructed)
 - ``kv_events.py``    vLLM's KV event wire format -> ``schemas.kv_events``; sequence gaps
 - ``subscriber.py``   ZMQ SUB + replay client of vLLM's KV event publisher
 - ``cache_shadow.py`` vLLM's cached blocks as seen through its events (resync, consistency)
+- ``versions.py``     what changed in which vLLM release (the engine asks, the tests check)
+- ``platform.py``     the environment vLLM's CPU build needs (KV space, threads), from the config
+- ``lifeline.py``     a ``vllm.general_plugins`` entry point: vLLM's processes end with the worker
 """

@@ -72,8 +72,8 @@ class RealVllmBackend:
             self._platforms = importlib.import_module("vllm.platforms")
         except ImportError as exc:
             raise VllmNotInstalledError(
-                "the vllm engine needs the vllm package (pip install 'jetfleet[vllm]' on a "
-                f"machine with CUDA GPUs): {exc}"
+                "the vllm engine needs vLLM: bash infra/bootstrap.sh vllm sets it up (its CPU "
+                f"build where there is no GPU; docs/engines/vllm.md): {exc}"
             ) from exc
 
     def engine_args(self, config: VllmEngineConfig, kv: KvEventsEndpoints | None) -> Any:

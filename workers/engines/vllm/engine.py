@@ -153,15 +153,6 @@ class VllmEngine:
             "lora_list": self._lora_list,
         }
 
-    @classmethod
-    def from_cli_defaults(cls, choice: Any) -> VllmEngine:
-        """What ``workers.main.build_engine`` calls today; ``choice.vllm`` must hold the
-        ``VllmEngineConfig`` (the worker CLI is to build it from its ``--vllm-*`` flags)."""
-        config = getattr(choice, "vllm", None)
-        if not isinstance(config, VllmEngineConfig):
-            raise ValueError("--engine vllm needs a VllmEngineConfig (EngineChoice.vllm)")
-        return cls(config)
-
     # ------------------------------------------------------------------ lifecycle
     async def start(self, hooks: EngineHooks) -> None:
         self._hooks = hooks
