@@ -31,6 +31,9 @@ class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):
     status: str = "ready"
     num_cpu_blocks: int = 0  # blocks of its host-memory KV tier (0: none)
     host_kv_usage: float = 0.0  # fraction of those holding cached KV, 0..1
+    # engine steps since the worker started: a worker whose count moves is busy, not stuck (a
+    # request queued behind others on it is waiting, not stalled)
+    steps_total: int = 0
     v: int = 1
 
 

@@ -68,6 +68,7 @@ class EngineLoad:
     num_cpu_blocks: int = 0  # host-memory KV tier (0: none)
     num_host_blocks: int = 0  # of which holding cached KV
     host_cached_tokens_total: int = 0  # of cached_tokens_total, loaded from the host tier
+    steps_total: int = 0  # engine steps since start: it moves while the engine works
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,4 +124,5 @@ class Registry:
             status=self.status,
             num_cpu_blocks=load.num_cpu_blocks,
             host_kv_usage=load.num_host_blocks / max(load.num_cpu_blocks, 1),
+            steps_total=load.steps_total,
         )

@@ -268,5 +268,6 @@ async def test_the_load_counts_the_prefill_of_the_step_in_its_forward_pass() -> 
         assert engine.load().active_prefill_tokens == 40
         await asyncio.wait_for(sink.done.wait(), 10)
         assert engine.load().active_prefill_tokens == 0
+        assert engine.load().steps_total == 2  # a prefill step and a decode step
     finally:
         await engine.stop()

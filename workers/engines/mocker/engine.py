@@ -109,6 +109,7 @@ class MockerEngine:
         self._task: asyncio.Task[None] | None = None
         self._hooks = EngineHooks(lambda _events: None)  # given at start
         self._last_step_ms = 0.0
+        self._steps = 0
         # prompt tokens of the step in its forward pass: its sequences' counters have moved
         # on, but until the pass ends those tokens are prefill still to do (as in vLLM, whose
         # scheduler updates the computed tokens after the step)
@@ -226,6 +227,7 @@ class MockerEngine:
             num_cpu_blocks=self.config.num_cpu_blocks,
             num_host_blocks=st.num_host_blocks,
             host_cached_tokens_total=st.host_cached_tokens_total,
+            steps_total=self._steps,
         )
 
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
@@ -378,6 +380,7 @@ class MockerEngine:
                 continue
             self._last_step_ms = result.simulated_ms
             self._step_prefill_tokens = result.num_prefill_tokens
+            self._steps += 1
             # The step's results exist when its forward pass ends, as on a GPU: sleep first.
             next_at = max(next_at + result.simulated_ms / 1000.0 / speedup, clock() - 0.05)
             delay = next_at - clock()

@@ -456,6 +456,7 @@ class VllmEngine:
             prompt_tokens_total=self._prompt_tokens_total,
             cached_tokens_total=self._cached_tokens_total,
             step_ms=s.step_ms if in_flight else 0.0,
+            steps_total=s.records,  # vLLM records its stats once a step
         )
 
     # ------------------------------------------------------------------ kv events
