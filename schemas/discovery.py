@@ -41,6 +41,8 @@ class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
     # or "hand" (the planner counts it but never relies on it); "" only from workers older
     # than the field (counted as managed: nothing is known against it).
     managed_by: str = ""
+    # LoRA adapters loaded on the worker: a request for one goes only to workers listing it
+    loras: tuple[str, ...] = ()
     v: int = 1
 
 

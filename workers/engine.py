@@ -123,5 +123,8 @@ class Engine(Protocol):
 
     def load(self) -> EngineLoad: ...
 
+    def lora_names(self) -> tuple[str, ...]:
+        """The LoRA adapters loaded now (published in the worker's registration)."""
+
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
         """health, sleep, wake, clear_kv, lora_load, lora_unload, lora_list."""

@@ -68,6 +68,7 @@ class Registry:
             pid=c.pid,
             metrics_url=self.metrics_url,
             managed_by=c.managed_by,
+            loras=self.engine.lora_names(),
         )
 
     async def register(self) -> None:
@@ -85,6 +86,10 @@ class Registry:
 
     async def set_status(self, status: WorkerStatus) -> None:
         self.status = status
+        await self.publish()
+
+    async def publish(self) -> None:
+        """The registration now, not at the next heartbeat (its status or adapters changed)."""
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 await self._kv.put(self.cfg.worker_id, encode(self.registration()))

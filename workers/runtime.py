@@ -436,6 +436,8 @@ class WorkerRuntime:
             reply = ControlReply(True, "draining")
         else:
             res = await self.engine.control(op, dict(req.args))
+            if res.ok and op in ("lora_load", "lora_unload"):  # routers learn it at once
+                await self.registry.publish()
             data = dict(res.data)
             if op == "health":
                 data |= {"in_flight": len(self.active), "status": self.registry.status}

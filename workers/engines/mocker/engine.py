@@ -230,6 +230,9 @@ class MockerEngine:
             steps_total=self._steps,
         )
 
+    def lora_names(self) -> tuple[str, ...]:
+        return ()  # the mocker loads no adapters
+
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
         if op == "health":
             alive = self._task is not None and not self._task.done()

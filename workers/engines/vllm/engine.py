@@ -459,6 +459,9 @@ class VllmEngine:
             steps_total=s.records,  # vLLM records its stats once a step
         )
 
+    def lora_names(self) -> tuple[str, ...]:
+        return tuple(lora.name for lora in self._loras.loaded())
+
     # ------------------------------------------------------------------ kv events
     def _decode(self, payload: bytes) -> DecodedBatch:
         batch = decode_batch(payload, self._decode_options)
