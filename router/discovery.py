@@ -64,6 +64,7 @@ class Discovery:
         on_worker_gone: Callable[[str], None] = lambda _w: None,
         prune_interval_s: float = 0.25,
         on_worker_joined: Callable[[str], None] = lambda _w: None,
+        tokenizer_read_timeout_s: float = TOKENIZER_READ_TIMEOUT_S,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -83,7 +84,7 @@ class Discovery:
             expire_every_s=prune_interval_s,
             on_heard=state.upsert,
         )
-        self.tokenizer_read_timeout_s = TOKENIZER_READ_TIMEOUT_S
+        self.tokenizer_read_timeout_s = tokenizer_read_timeout_s
 
     async def start(self) -> None:
         s = self.subjects
