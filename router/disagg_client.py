@@ -66,7 +66,9 @@ class DisaggClient:
         decode: FleetClient,
         cfg: DisaggConfig,
         either: FleetClient | None = None,
+        on_placement: Callable[[str, Placement], None] = lambda _model, _p: None,
     ) -> None:
+        """``on_placement(model, placement)`` hears where each request's prefill was placed."""
         self.agg, self.prefill, self.decode = agg, prefill, decode
         # routes over decode and prefill workers alike (local runs that may use a prefill worker)
         self.either = either
@@ -74,7 +76,7 @@ class DisaggClient:
         self.subjects = agg.subjects
         self.state = agg.state
         self.nc = agg.nc
-        self.on_placement: Callable[[str, Placement], None] = lambda _model, _p: None
+        self.on_placement = on_placement
 
     def _clients(self) -> tuple[FleetClient, ...]:
         both = () if self.either is None else (self.either,)

@@ -18,6 +18,8 @@ from router.frontend.service import FrontendServiceConfig
 from router.indexer import IndexerConfig
 from router.kv.router import KvRouterConfig
 from router.policies import POLICY_NAMES
+from router.stack import StackConfig
+from schemas import Subjects
 from workers.config import WorkerConfig
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.vllm.config import VllmEngineConfig
@@ -285,6 +287,20 @@ def add_routing(
     )
     g.add_argument("--redis", default=redis_default, help=redis_help or REDIS_HELP)
     KV.add_to(p)
+
+
+def routing_stack(args: argparse.Namespace, subjects: Subjects) -> StackConfig:
+    """The routing stack a frontend or router service runs, from the routing, kv, client and
+    disaggregation flags (``routing_argv`` gives them back)."""
+    return StackConfig(
+        args.nats,
+        subjects,
+        args.router,
+        redis_for(args),
+        KV.build(args),
+        CLIENT.build(args),
+        DISAGG.build(args),
+    )
 
 
 def routing_argv(args: argparse.Namespace) -> list[str]:

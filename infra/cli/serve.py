@@ -21,7 +21,6 @@ from infra.cli.components import (
     FRONTEND,
     FRONTEND_SERVICE,
     INDEXER,
-    KV,
     MOCKER,
     REDIS_HELP,
     VLLM,
@@ -30,8 +29,8 @@ from infra.cli.components import (
     add_engine,
     add_routing,
     common_argv,
-    redis_for,
     routing_argv,
+    routing_stack,
 )
 from schemas import Subjects
 
@@ -89,13 +88,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
         from router.service import RouterServiceConfig, run_router_service
 
         cfg = RouterServiceConfig(
-            args.nats,
-            subjects,
-            args.router,
-            redis_for(args),
-            kv=KV.build(args),
-            client=CLIENT.build(args),
-            disagg=DISAGG.build(args),
+            routing_stack(args, subjects),
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )
@@ -121,17 +114,7 @@ def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> i
         return run_frontend_processes(args.processes, frontend_argv(args), args.port)
     env_keys = tuple(k for k in os.environ.get("JETFLEET_API_KEYS", "").split(",") if k)
     http = FRONTEND.build(args, api_keys=tuple(args.api_key) + env_keys)
-    cfg = FRONTEND_SERVICE.build(
-        args,
-        nats_url=args.nats,
-        router=args.router,
-        redis_url=redis_for(args),
-        kv=KV.build(args),
-        subjects=subjects,
-        client=CLIENT.build(args),
-        disagg=DISAGG.build(args),
-        http=http,
-    )
+    cfg = FRONTEND_SERVICE.build(args, stack=routing_stack(args, subjects), http=http)
     return _serve(runner, run_frontend(cfg), "frontend", args)
 
 

@@ -159,9 +159,6 @@ class Frontend:
         self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
         self._max_body = int(cfg.max_body_mb * (1 << 20))
         self._active = 0  # generations in progress in this process
-        client.on_placement = lambda model, p: metrics.disagg.labels(
-            model, "remote" if p.remote else "local", p.reason
-        ).inc()
         self.tokenizer = PromptTokenizer(
             TokenizeConfig(cache_tokens=cfg.tokenizer_cache_tokens),
             TokenizeMetrics(metrics.registry),
