@@ -15,6 +15,7 @@ from router.client import ClientConfig
 from router.disagg import DisaggConfig
 from router.frontend.app import FrontendConfig
 from router.frontend.service import FrontendServiceConfig
+from router.frontend.tokenize import TokenizeConfig
 from router.indexer import IndexerConfig
 from router.kv.router import KvRouterConfig
 from router.policies import POLICY_NAMES
@@ -151,9 +152,12 @@ FRONTEND = ConfigFlags(
     ),
     "retry_after_s",
     "max_body_mb",
-    "tokenizer_cache_tokens",
     "access_log",
     title="HTTP",
+)
+
+TOKENIZE = ConfigFlags(
+    TokenizeConfig, Flag("cache_tokens", "--tokenizer-cache-tokens"), title="HTTP"
 )
 
 FRONTEND_SERVICE = ConfigFlags(

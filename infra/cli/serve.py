@@ -23,6 +23,7 @@ from infra.cli.components import (
     INDEXER,
     MOCKER,
     REDIS_HELP,
+    TOKENIZE,
     VLLM,
     WORKER,
     add_common,
@@ -53,6 +54,7 @@ def add_commands(sub: Any) -> None:
     CLIENT.add_to(fe)
     DISAGG.add_to(fe)
     FRONTEND.add_to(fe)
+    TOKENIZE.add_to(fe)
 
     wk = sub.add_parser("worker", help="a worker process (mocker or vllm engine)")
     add_common(wk)
@@ -113,7 +115,9 @@ def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> i
 
         return run_frontend_processes(args.processes, frontend_argv(args), args.port)
     env_keys = tuple(k for k in os.environ.get("JETFLEET_API_KEYS", "").split(",") if k)
-    http = FRONTEND.build(args, api_keys=tuple(args.api_key) + env_keys)
+    http = FRONTEND.build(
+        args, api_keys=tuple(args.api_key) + env_keys, tokenize=TOKENIZE.build(args)
+    )
     cfg = FRONTEND_SERVICE.build(args, stack=routing_stack(args, subjects), http=http)
     return _serve(runner, run_frontend(cfg), "frontend", args)
 
@@ -144,6 +148,7 @@ def frontend_argv(args: argparse.Namespace) -> list[str]:
         str(args.redis),
         *routing_argv(args),
         *FRONTEND.argv(args),
+        *TOKENIZE.argv(args),
     ]
 
 

@@ -102,8 +102,8 @@ class FrontendConfig:
     retry_after_s: int = 1  # Retry-After on 503
     max_body_mb: float = 32.0
     """Largest request body accepted, in MiB (413 above; a 121k-token prompt is about 1 MiB)."""
-    tokenizer_cache_tokens: int = 4_000_000
-    """Prompt tokens the prefix cache keeps per model, 4 bytes each (0: no cache)."""
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    """Tokenizing lanes and the prompt prefix cache (``router/frontend/tokenize.py``)."""
     access_log: bool = True
     """One log line per /v1 request: id, model, status, latency, tokens, worker, attempts."""
 
@@ -160,7 +160,7 @@ class Frontend:
         self._max_body = int(cfg.max_body_mb * (1 << 20))
         self._active = 0  # generations in progress in this process
         self.tokenizer = PromptTokenizer(
-            TokenizeConfig(cache_tokens=cfg.tokenizer_cache_tokens),
+            cfg.tokenize,
             TokenizeMetrics(metrics.registry),
         )
 
