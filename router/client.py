@@ -45,6 +45,7 @@ from schemas import (
 )
 from schemas.requests import routed_msg_id
 from schemas.subjects import Subjects
+from schemas.tokens import error_chunk
 from schemas.trace import HEADER as TRACE_HEADER
 
 log = structlog.get_logger("jetfleet.router")
@@ -390,7 +391,8 @@ class FleetClient:
                 old, gen.next_index, f"gave up after {old.attempt + 1} attempts: {reason}"
             )
         if remaining <= 0:
-            return _error_chunk(old, gen.next_index, "worker lost after the last token", "length")
+            # the budget is spent: the answer is whole, cut at its length
+            return TokenChunk(old.request_id, old.attempt, gen.next_index, finish_reason="length")
         if old.prompt_embeds is not None and gen.generated:
             return _error_chunk(
                 old,
@@ -530,11 +532,5 @@ def _with_max_tokens(sampling: SamplingParams, max_tokens: int) -> SamplingParam
     return msgspec.structs.replace(sampling, max_tokens=max_tokens, min_tokens=0)
 
 
-def _error_chunk(req: Request, index: int, error: str, reason: str = "error") -> TokenChunk:
-    return TokenChunk(
-        request_id=req.request_id,
-        attempt=req.attempt,
-        index=index,
-        finish_reason=reason,
-        error=error if reason == "error" else None,
-    )
+def _error_chunk(req: Request, index: int, error: str) -> TokenChunk:
+    return error_chunk(req.request_id, req.attempt, index, error)

@@ -47,13 +47,14 @@ from router.disagg import (
     uncached_tokens,
 )
 from schemas import (
-    ControlRequest,
     Request,
     RequestObservation,
     RouteDecision,
     TokenChunk,
     encode,
 )
+from schemas.control import kv_release
+from schemas.requests import prefill_request_id
 
 log = structlog.get_logger("jetfleet.disagg")
 
@@ -188,12 +189,14 @@ class DisaggClient:
         return place(self.cfg, uncached, queued)
 
     async def release_prefill(self, worker_id: str, request_id: str) -> None:
-        """Tell a prefill worker its held blocks will not be pulled."""
+        """Tell a prefill worker the blocks it holds for ``request_id``'s remote prefill may go."""
         if not worker_id:
             return
-        body = encode(ControlRequest(args={"request_id": request_id}))
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.subjects.ctl(worker_id, "kv_release"), body)
+            await self.nc.publish(
+                self.subjects.ctl(worker_id, "kv_release"),
+                encode(kv_release(prefill_request_id(request_id))),
+            )
 
 
 def _is_prefill(request: Request) -> bool:
@@ -205,7 +208,7 @@ def _prefill_request(request: Request) -> Request:
     sampling = msgspec.structs.replace(request.sampling, max_tokens=1, min_tokens=1)
     return msgspec.structs.replace(
         request,
-        request_id=f"{request.request_id}-prefill",
+        request_id=prefill_request_id(request.request_id),
         sampling=sampling,
         kv_transfer_params={"do_remote_decode": True},
         route=None,
@@ -276,7 +279,7 @@ class DisaggGeneration:
                 # Normally the decode worker already told the prefill worker it pulled the KV;
                 # if it died first (or the request ended early), this frees the held blocks now
                 # rather than at the hold timeout. A second release is a no-op.
-                await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+                await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
 
     async def _start_decode(self, request: Request) -> Generation:
         try:
@@ -327,7 +330,7 @@ class DisaggGeneration:
                 error=answer.error if answer is not None else None,
             )
             self.disagg, self.disagg_reason = "local", reason
-            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+            await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
             return None
         return answer
 
@@ -337,7 +340,7 @@ class DisaggGeneration:
         if self._decode is not None:
             await self._decode.cancel(reason)
         elif self._prefill is None and self.prefill_worker_id:
-            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+            await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
         if self._decode is None:
             await self.owner.decode.unroute(self.request_id)
 
@@ -374,7 +377,3 @@ class DisaggGeneration:
             route=self.decision,
             attempts=self.attempts,
         )
-
-
-def _prefill_id(request: Request) -> str:
-    return f"{request.request_id}-prefill"

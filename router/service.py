@@ -32,12 +32,12 @@ from router.disagg_client import DisaggClient, DisaggGeneration
 from router.stack import RoutingStack, StackConfig
 from schemas import (
     Request,
-    TokenChunk,
     WireDecodeError,
     decode,
     encode,
 )
 from schemas.streams import router_consumer
+from schemas.tokens import error_chunk
 from schemas.trace import HEADER as TRACE_HEADER
 from schemas.validate import is_subject_token, request_problem
 
@@ -128,7 +128,7 @@ class RouterService:
         task.add_done_callback(self.followers.discard)
 
     async def _fail(self, req: Request, error: str) -> None:
-        chunk = TokenChunk(req.request_id, req.attempt, 0, finish_reason="error", error=error)
+        chunk = error_chunk(req.request_id, req.attempt, 0, error)
         await self.nc.publish(self.subjects.tok(req.request_id), encode(chunk))
 
     async def _follow(self, gen: Generation | DisaggGeneration, span: Span) -> None:
