@@ -32,12 +32,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import msgspec
 import structlog
 
-from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
+from router.client import FleetClient
 from router.disagg import (
     DisaggConfig,
     Placement,
@@ -46,9 +45,9 @@ from router.disagg import (
     stays_on_prefill_worker,
     uncached_tokens,
 )
+from router.generation import Generation, NoWorkersError, OverloadedError, Routed
 from schemas import (
     Request,
-    RequestObservation,
     RouteDecision,
     TokenChunk,
     encode,
@@ -91,10 +90,6 @@ class DisaggClient:
         for c in self._clients():
             await c.stop()
 
-    def worker_gone(self, worker_id: str) -> None:
-        for c in self._clients():
-            c.worker_gone(worker_id)
-
     async def catch_up(self) -> None:
         for c in self._clients():
             await c.catch_up()
@@ -127,9 +122,9 @@ class DisaggClient:
                 await self.decode.unroute(request.request_id)
                 raise
             else:
-                gen = DisaggGeneration(self, request, routed, traceparent, pgen, accepted)
-                gen.disagg_reason = placement.reason
-                return gen
+                return DisaggGeneration(
+                    self, request, routed, traceparent, pgen, accepted, placement.reason
+                )
         return await self._local(self.decode, request, traceparent, routed, placement)
 
     @staticmethod
@@ -137,20 +132,16 @@ class DisaggClient:
         client: FleetClient,
         request: Request,
         traceparent: str | None,
-        routed: tuple[str, RouteDecision | None],
+        routed: Routed,
         placement: Placement,
     ) -> Generation:
         try:
-            gen = await client.generate(request, traceparent, routed=routed)
+            return await client.generate(request, traceparent, routed, ("local", placement.reason))
         except BaseException:  # the reservation must not outlive the request
             await client.unroute(request.request_id)
             raise
-        gen.disagg, gen.disagg_reason = "local", placement.reason
-        return gen
 
-    async def _route(
-        self, request: Request
-    ) -> tuple[tuple[str, RouteDecision | None], Placement, FleetClient | None]:
+    async def _route(self, request: Request) -> tuple[Routed, Placement, FleetClient | None]:
         """The worker (reserved) and the placement; and the client that runs the request whole
         when the worker is a prefill worker (``router/disagg.py``), else None."""
         either = self.either
@@ -183,7 +174,7 @@ class DisaggClient:
             block_size = view.reg.block_size if view is not None else block_size
         uncached = uncached_tokens(len(request.token_ids), overlap, block_size)
         queued = [
-            max(self.prefill.in_flight_on(v.worker_id), v.load.num_waiting if v.load else 0)
+            max(v.remote_prefills, v.load.num_waiting if v.load else 0)
             for v in self.state.candidates(request.model, "prefill")
         ]
         return place(self.cfg, uncached, queued)
@@ -223,42 +214,60 @@ class DisaggGeneration:
         self,
         owner: DisaggClient,
         request: Request,
-        routed: tuple[str, RouteDecision | None],
+        routed: Routed,
         traceparent: str | None,
         prefill: Generation,
         accepted: float,
+        reason: str,
     ) -> None:
         self.owner = owner
         self.request = request
         self.prompt_len = len(request.token_ids)
         self.decision = routed[1]
-        self.worker_id = self.decision.worker_id if self.decision else ""
-        self.generated: list[int] = []
-        self.cached_tokens = 0
-        self.host_cached_tokens = 0
-        self.disagg, self.disagg_reason = "remote", "long_uncached"
+        self.disagg, self.disagg_reason = "remote", reason
         self.prefill_worker_id = ""
         self.prefill_s = 0.0
-        self.kv_transfer_ms = 0.0
         self._routed = routed
         self._traceparent = traceparent
         self._accepted = accepted
         self._prefill: Generation | None = prefill
         self._decode: Generation | None = None
-        self._idle: asyncio.Queue[Any] = asyncio.Queue()
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    # what the decode generation knows, once it runs
+    @property
+    def worker_id(self) -> str:
+        if self._decode is not None:
+            return self._decode.worker_id
+        return self.decision.worker_id if self.decision else ""
 
     @property
     def attempts(self) -> int:
         return self._decode.attempts if self._decode is not None else 1
 
     @property
-    def queue(self) -> asyncio.Queue[Any]:
+    def generated(self) -> list[int]:
+        return self._decode.generated if self._decode is not None else []
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._decode.cached_tokens if self._decode is not None else 0
+
+    @property
+    def host_cached_tokens(self) -> int:
+        return self._decode.host_cached_tokens if self._decode is not None else 0
+
+    @property
+    def kv_transfer_ms(self) -> float:
+        return self._decode.kv_transfer_ms if self._decode is not None else 0.0
+
+    @property
+    def pending(self) -> bool:
         current = self._decode or self._prefill
-        return current.queue if current is not None else self._idle
+        return current is not None and current.pending
 
     def __aiter__(self) -> AsyncIterator[TokenChunk]:
         return self._chunks()
@@ -272,7 +281,7 @@ class DisaggGeneration:
             )
         try:
             self._decode = await self._start_decode(req)
-            async for chunk in self._follow(self._decode):
+            async for chunk in self._decode:
                 yield chunk
         finally:
             if first is not None:
@@ -283,19 +292,12 @@ class DisaggGeneration:
 
     async def _start_decode(self, request: Request) -> Generation:
         try:
-            return await self.owner.decode.generate(request, self._traceparent, self._routed)
+            return await self.owner.decode.generate(
+                request, self._traceparent, self._routed, (self.disagg, self.disagg_reason)
+            )
         except Exception:
             await self.owner.decode.unroute(request.request_id)
             raise
-
-    async def _follow(self, gen: Generation) -> AsyncIterator[TokenChunk]:
-        async for chunk in gen:
-            self.generated.extend(chunk.token_ids)
-            if chunk.usage is not None:
-                self.cached_tokens = chunk.usage.cached_tokens
-                self.host_cached_tokens = chunk.usage.host_cached_tokens
-                self.kv_transfer_ms = chunk.usage.kv_transfer_ms
-            yield chunk
 
     async def _prefill_answer(self) -> TokenChunk | None:
         """The prefill's merged answer, or None (failed, stalled, no transfer parameters)."""
@@ -343,37 +345,3 @@ class DisaggGeneration:
             await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
         if self._decode is None:
             await self.owner.decode.unroute(self.request_id)
-
-    def observation(self, **kwargs: Any) -> RequestObservation:
-        inner = self._decode
-        if inner is not None:
-            obs = inner.observation(**kwargs)
-        else:
-            obs = RequestObservation(
-                request_id=self.request_id,
-                model=self.request.model,
-                status=kwargs["status"],
-                ts_s=time.time(),
-                worker_id=self.worker_id,
-                frontend_id=kwargs["source"],
-                finish_reason=kwargs.get("finish_reason"),
-                error=kwargs.get("error"),
-            )
-        accepted, first_at, last_at = kwargs["accepted"], kwargs["first_at"], kwargs["last_at"]
-        osl = len(self.generated)
-        return msgspec.structs.replace(
-            obs,
-            isl_tokens=self.prompt_len,
-            osl_tokens=osl,
-            cached_tokens=self.cached_tokens,
-            host_cached_tokens=self.host_cached_tokens,
-            ttft_s=(first_at - accepted) if first_at else 0.0,
-            itl_s=(last_at - first_at) / (osl - 1) if osl > 1 and first_at and last_at else 0.0,
-            disagg=self.disagg,
-            disagg_reason=self.disagg_reason,
-            prefill_worker_id=self.prefill_worker_id,
-            prefill_s=self.prefill_s,
-            kv_transfer_ms=self.kv_transfer_ms,
-            route=self.decision,
-            attempts=self.attempts,
-        )

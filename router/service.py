@@ -27,8 +27,9 @@ from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
 from base.tracing import Span, Tracing
-from router.client import Generation, NoWorkersError, OverloadedError
 from router.disagg_client import DisaggClient, DisaggGeneration
+from router.generation import Generation, NoWorkersError, OverloadedError
+from router.observation import observation
 from router.stack import RoutingStack, StackConfig
 from schemas import (
     Request,
@@ -147,7 +148,8 @@ class RouterService:
                     # an error chunk made by the routing library (migration gave up): the client
                     # reads the token subject, so it must be published there
                     await self.nc.publish(self.subjects.tok(gen.request_id), encode(chunk))
-        obs = gen.observation(
+        obs = observation(
+            gen,
             status="error" if reason == "error" else "ok",
             accepted=started,
             first_at=first,

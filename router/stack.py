@@ -69,7 +69,7 @@ class RoutingStack:
             router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
             await warm_router(router)
             client = build_client(nc, cfg, state, router, on_placement)
-            discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
+            discovery = Discovery(nc, cfg.subjects, state)
             await discovery.start()
         except BaseException:
             if redis is not None:

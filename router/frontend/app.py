@@ -26,7 +26,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from base.tracing import Span, Tracing
 from model.structured import problem as mocker_problem
-from router.client import Generation, NoWorkersError, OverloadedError
 from router.disagg_client import DisaggClient, DisaggGeneration
 from router.discovery import Discovery, ServedModel
 from router.frontend import anthropic, asgi, responses_api
@@ -64,6 +63,8 @@ from router.frontend.tokenize import (
     TokenizeConfig,
     TokenizeMetrics,
 )
+from router.generation import Generation, NoWorkersError, OverloadedError
+from router.observation import observation
 from schemas import Request, RequestObservation, SamplingParams
 from schemas import encode as wire_encode
 from schemas.trace import child_traceparent
@@ -436,7 +437,8 @@ class Frontend:
             for gen in gens:
                 await self._publish_observation(
                     req.model,
-                    gen.observation(
+                    observation(
+                        gen,
                         status=status,
                         accepted=accepted,
                         first_at=0.0,
@@ -889,7 +891,7 @@ class Frontend:
                 if reason is not None:
                     shape.finish(reason, choices[i].stops.matched)
                 pending.append(shape.delta_chunk(i, delta, reason, logprobs))
-            if pending and not any(c.gen.queue.qsize() for c in choices):
+            if pending and not any(c.gen.pending for c in choices):
                 await asgi.send_sse(send, b"".join(pending))
                 pending.clear()
         if pending:
@@ -963,7 +965,8 @@ class Frontend:
                 self.metrics.tokens.labels(model, "cached_host").inc(gen.host_cached_tokens)
             if gen.attempts > 1:
                 self.metrics.migrations.labels(model).inc(gen.attempts - 1)
-            obs = gen.observation(
+            obs = observation(
+                gen,
                 status="error" if c.error else status,
                 accepted=accepted,
                 first_at=c.first_at,
