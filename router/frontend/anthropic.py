@@ -18,7 +18,8 @@ from typing import Any
 
 import msgspec
 
-from router.frontend.openai_protocol import MAX_STOP, OpenAIError, decode_object
+from router.frontend.errors import OpenAIError, decode_object
+from router.frontend.openai_protocol import MAX_STOP
 from router.frontend.output import Delta, OutCall
 from router.frontend.responses import FullChoice, encode
 

@@ -33,13 +33,13 @@ from router.frontend.anthropic import MessagesShape
 from router.frontend.anthropic import error_body as anthropic_error_body
 from router.frontend.embeddings import embedding_dimensions_check, parse_embedding_request
 from router.frontend.embeddings import response_body as embedding_response
+from router.frontend.errors import OpenAIError, context_length_exceeded
 from router.frontend.logprobs import CompletionLogprobs, chat_content, merge_completion
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerationParams,
-    OpenAIError,
     chat_generation_params,
     completion_generation_params,
     parse_chat_request,
@@ -680,13 +680,8 @@ class Frontend:
                 creq.model, tok, render, ctx, size_hint, idle=self._active == 0
             )
         except PromptTooLong as exc:
-            raise OpenAIError(
-                400,
-                f"This model's maximum context length is {ctx} tokens. However, your {param} "
-                f"resulted in at least {exc.at_least} tokens. Please reduce the length of the "
-                f"{param}.",
-                param=param,
-                code="context_length_exceeded",
+            raise context_length_exceeded(
+                ctx, f"your {param} resulted in at least {exc.at_least} tokens", param, param
             ) from None
         except ValueError as exc:
             if isinstance(exc, OpenAIError):
@@ -987,13 +982,7 @@ class Frontend:
 
 
 def _input_too_long(context: int, tokens: int) -> OpenAIError:
-    return OpenAIError(
-        400,
-        f"This model's maximum context length is {context} tokens. However, an input has "
-        f"{tokens} tokens. Please reduce the length of the input.",
-        param="input",
-        code="context_length_exceeded",
-    )
+    return context_length_exceeded(context, f"an input has {tokens} tokens", "input", "input")
 
 
 Shape = ChatShape | MessagesShape | ResponsesShape

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from router.frontend.openai_protocol import OpenAIError, decode_with
+from router.frontend.errors import OpenAIError, decode_body
 from router.frontend.responses import encode
 from schemas.discovery import ModelCard
 
@@ -56,7 +56,7 @@ _decoder = msgspec.json.Decoder(EmbeddingRequest)
 
 
 def parse_embedding_request(body: bytes) -> EmbeddingRequest:
-    req: EmbeddingRequest = decode_with(body, _decoder)
+    req = decode_body(body, _decoder)
     if not req.model:
         raise _bad("model must be a non-empty string", "model")
     if req.dimensions is not None and req.dimensions < 1:

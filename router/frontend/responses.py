@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from router.frontend.openai_protocol import OpenAIError
+from router.frontend.errors import OpenAIError
 from router.frontend.output import Delta, OutCall
 
 _json = msgspec.json.Encoder()

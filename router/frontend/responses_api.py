@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from router.frontend.openai_protocol import OpenAIError, decode_object
+from router.frontend.errors import OpenAIError, decode_object
 from router.frontend.output import Delta, OutCall
 from router.frontend.responses import FullChoice, encode
 

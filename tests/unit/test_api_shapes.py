@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from router.frontend import anthropic, responses_api
-from router.frontend.openai_protocol import OpenAIError
+from router.frontend.errors import OpenAIError
 from router.frontend.output import Delta, OutCall
 from router.frontend.responses import FullChoice, usage_body
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from router.frontend.errors import OpenAIError
 from router.frontend.openai_protocol import (
     GenerationParams,
-    OpenAIError,
     chat_generation_params,
     completion_generation_params,
     parse_chat_request,
