@@ -98,15 +98,12 @@ class RouterService:
             return
         # a NATS client's W3C trace context continues through the routed request to the worker
         parent = (msg.headers or {}).get(TRACE_HEADER)
-        if self.tracing.exporting:
-            span = self.tracing.start(
-                f"route {req.model}",
-                parent,
-                "consumer",
-                {"jetfleet.request_id": req.request_id, "gen_ai.request.model": req.model},
-            )
-        else:
-            span = Span(None, "", parent or "")
+        span = self.tracing.start(
+            f"route {req.model}",
+            parent,
+            "consumer",
+            {"jetfleet.request_id": req.request_id, "gen_ai.request.model": req.model},
+        )
         try:
             gen = await self.client.generate(req, span.traceparent or None)
         except (NoWorkersError, OverloadedError) as exc:

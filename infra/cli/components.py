@@ -13,7 +13,7 @@ from collections.abc import Callable
 from infra.cli.flags import ConfigFlags, Flag
 from router.client import ClientConfig
 from router.disagg import DisaggConfig
-from router.frontend.app import FrontendConfig
+from router.frontend.http import FrontendConfig
 from router.frontend.service import FrontendServiceConfig
 from router.frontend.tokenize import TokenizeConfig
 from router.indexer import IndexerConfig

@@ -14,15 +14,23 @@ one Qwen3- and DeepSeek-style templates read); ``budget_tokens`` is not enforced
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import msgspec
 
+from router.frontend import asgi
 from router.frontend.errors import OpenAIError, decode_object
-from router.frontend.openai_protocol import MAX_STOP
+from router.frontend.openai_protocol import (
+    MAX_STOP,
+    chat_generation_params,
+    parse_chat_request,
+)
 from router.frontend.output import Delta, OutCall
-from router.frontend.responses import FullChoice, encode
+from router.frontend.serving import Endpoint, Serving
+from router.frontend.shapes import FullChoice, encode
 
+ENDPOINT = Endpoint("messages", "msg", chat=True)
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -33,6 +41,27 @@ _ERROR_TYPES = {
     429: "rate_limit_error",
     503: "overloaded_error",
 }
+
+
+async def serve(call: asgi.Call, serving: Serving) -> None:
+    """``POST /v1/messages``."""
+    body, _ = to_chat_body(await call.body())
+    creq = parse_chat_request(body)
+
+    def shape(rid: str, prompt_len: int) -> MessagesShape:
+        return MessagesShape(rid, int(time.time()), creq.model, prompt_len)
+
+    await serving.generate(call, ENDPOINT, creq, chat_generation_params(creq), shape, len(body))
+
+
+async def count_tokens(call: asgi.Call, serving: Serving) -> None:
+    """``POST /v1/messages/count_tokens``: the prompt's tokens, template included."""
+    body = await call.body()
+    creq = parse_chat_request(count_tokens_body(body))
+    served = serving.served(creq.model)
+    params = chat_generation_params(creq)
+    prompt = await serving.prompts.chat(served, creq, params, len(body))
+    await asgi.send_json(call.send, 200, encode({"input_tokens": len(prompt)}))
 
 
 def error_body(err: OpenAIError) -> bytes:
@@ -225,7 +254,7 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 class MessagesShape:
     """A Messages response: the ``message`` object, or its event stream (one choice)."""
 
-    def __init__(self, rid: str, created: int, model: str) -> None:
+    def __init__(self, rid: str, created: int, model: str, prompt_tokens: int = 0) -> None:
         self.id = "msg_" + rid.split("-", 1)[-1]
         self.model = model
         self._block = -1  # index of the open content block
@@ -233,7 +262,7 @@ class MessagesShape:
         self._reason: str | None = None
         self._stop: str | None = None
         self._failed = False
-        self.prompt_tokens = 0
+        self.prompt_tokens = prompt_tokens
 
     def _message(self, content: list[Any], usage: dict[str, Any]) -> dict[str, Any]:
         return {

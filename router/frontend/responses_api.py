@@ -18,15 +18,31 @@ refused.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import msgspec
 
+from router.frontend import asgi
 from router.frontend.errors import OpenAIError, decode_object
+from router.frontend.openai_protocol import chat_generation_params, parse_chat_request
 from router.frontend.output import Delta, OutCall
-from router.frontend.responses import FullChoice, encode
+from router.frontend.serving import Endpoint, Serving
+from router.frontend.shapes import FullChoice, encode
 
+ENDPOINT = Endpoint("responses", "resp", chat=True)
 INCLUDABLE = ("message.output_text.logprobs",)
+
+
+async def serve(call: asgi.Call, serving: Serving) -> None:
+    """``POST /v1/responses``."""
+    body, original = to_chat_body(await call.body())
+    creq = parse_chat_request(body)
+
+    def shape(rid: str, prompt_len: int) -> ResponsesShape:
+        return ResponsesShape(rid, int(time.time()), creq.model, original)
+
+    await serving.generate(call, ENDPOINT, creq, chat_generation_params(creq), shape, len(body))
 
 
 def _bad(param: str, message: str) -> OpenAIError:

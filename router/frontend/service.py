@@ -15,7 +15,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from base.tracing import Tracing
-from router.frontend.app import Frontend, FrontendConfig
+from router.frontend.http import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
 from router.stack import RoutingStack, StackConfig
 
@@ -77,7 +77,6 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     stack = await RoutingStack.open(cfg.stack, cfg.frontend_id, metrics.count_placement)
     app = Frontend(
         cfg.http,
-        stack.nc,
         stack.discovery,
         stack.client,
         metrics,

@@ -11,7 +11,7 @@ import pytest
 from router.frontend import anthropic, responses_api
 from router.frontend.errors import OpenAIError
 from router.frontend.output import Delta, OutCall
-from router.frontend.responses import FullChoice, usage_body
+from router.frontend.shapes import FullChoice, usage_body
 
 USAGE = usage_body(prompt_tokens=10, completion_tokens=4, cached_tokens=3)
 CALL = OutCall(0, "call_abc", "search", '{"q": "x"}')
