@@ -8,8 +8,9 @@ from typing import Any
 
 from router.frontend import asgi
 from router.frontend.errors import OpenAIError
-from router.frontend.openai_protocol import chat_generation_params, parse_chat_request
+from router.frontend.openai_protocol import parse_chat_request
 from router.frontend.output import Delta
+from router.frontend.params import chat_generation_params
 from router.frontend.serving import Endpoint, Serving
 from router.frontend.shapes import DONE, FullChoice, encode, sse
 

@@ -8,11 +8,9 @@ from typing import Any
 
 from router.frontend import asgi
 from router.frontend.chat import ChatShape
-from router.frontend.openai_protocol import (
-    completion_generation_params,
-    parse_completion_request,
-)
+from router.frontend.openai_protocol import parse_completion_request
 from router.frontend.output import Delta
+from router.frontend.params import completion_generation_params
 from router.frontend.serving import Endpoint, Serving
 from router.frontend.shapes import FullChoice, sse
 

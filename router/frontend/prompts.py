@@ -8,11 +8,8 @@ from collections.abc import Callable
 
 from router.discovery import ServedModel
 from router.frontend.errors import OpenAIError, bad, context_length_exceeded
-from router.frontend.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationParams,
-)
+from router.frontend.openai_protocol import ChatCompletionRequest, CompletionRequest
+from router.frontend.params import GenerationParams
 from router.frontend.prompt_embeds import PromptEmbedsError, decode_prompt_embeds
 from router.frontend.tokenize import PromptTokenizer, PromptTooLong
 

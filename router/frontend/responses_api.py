@@ -25,8 +25,9 @@ import msgspec
 
 from router.frontend import asgi
 from router.frontend.errors import OpenAIError, decode_object
-from router.frontend.openai_protocol import chat_generation_params, parse_chat_request
+from router.frontend.openai_protocol import parse_chat_request
 from router.frontend.output import Delta, OutCall
+from router.frontend.params import chat_generation_params
 from router.frontend.serving import Endpoint, Serving
 from router.frontend.shapes import FullChoice, encode
 

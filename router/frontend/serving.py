@@ -27,19 +27,15 @@ from router.frontend import asgi
 from router.frontend.errors import OpenAIError, bad
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.observe import Observer
-from router.frontend.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationParams,
-    resolve_max_tokens,
-)
+from router.frontend.openai_protocol import ChatCompletionRequest, CompletionRequest
 from router.frontend.output import ChoiceOutput
+from router.frontend.params import GenerationParams, resolve_max_tokens
 from router.frontend.prompts import Prompts
 from router.frontend.shapes import ResponseShape
 from router.frontend.stops import StopMatcher
 from router.frontend.stream import AnyGeneration, Choice, Choices, LogprobsAsk
 from router.generation import NoWorkersError, OverloadedError
-from schemas import ModelCard, Request, SamplingParams
+from schemas import ModelCard, Request
 
 log = structlog.get_logger("jetfleet.frontend")
 
@@ -122,7 +118,7 @@ class Serving:
                 request_id=rid if params.n == 1 else f"{rid}-{i}",
                 model=creq.model,
                 token_ids=tuple(prompt),
-                sampling=_sampling(params, max_tokens, i),
+                sampling=params.choice_sampling(max_tokens, i),
                 created_at_s=now,
                 skip_special_tokens=not keep_special,
                 prompt_embeds=embeds,
@@ -138,9 +134,10 @@ class Serving:
             for g, o in zip(gens, outputs, strict=True)
         ]
         lp = None
-        if params.logprobs is not None or params.prompt_logprobs is not None:
+        sampling = params.sampling
+        if sampling.logprobs is not None or sampling.prompt_logprobs is not None:
             lp = LogprobsAsk(
-                params.logprobs, params.prompt_logprobs, endpoint.chat, served.token_text
+                sampling.logprobs, sampling.prompt_logprobs, endpoint.chat, served.token_text
             )
         run = Choices(choices, lp, self.metrics.itl.labels(creq.model).observe)
         await self._run(
@@ -233,12 +230,12 @@ class Serving:
 
     def _check_constraint(self, model: str, params: GenerationParams) -> None:
         """A constraint the model's engines cannot honour is a 400 naming the engine."""
-        if params.structured is None:
+        if params.sampling.structured is None:
             return
         workers = self.discovery.state.workers.values()
         engines = {v.reg.engine for v in workers if v.reg.model == model}
         if engines == {"mocker"}:
-            why = mocker_problem(params.structured)
+            why = mocker_problem(params.sampling.structured)
             if why is not None:
                 raise bad(
                     "response_format",
@@ -254,26 +251,7 @@ def _choice_output(card: ModelCard, params: GenerationParams, chat: bool) -> Cho
             params.tools,
             card.tool_call_parser,
             card.reasoning_parser,
-            constrained=params.structured is not None,
+            constrained=params.sampling.structured is not None,
         )
     except ValueError as exc:
         raise bad("tool_choice", str(exc)) from None
-
-
-def _sampling(params: GenerationParams, max_tokens: int, choice: int) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        seed=None if params.seed is None else params.seed + choice,
-        ignore_eos=params.ignore_eos,
-        min_tokens=params.min_tokens,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        logprobs=params.logprobs,
-        prompt_logprobs=params.prompt_logprobs,
-        structured=params.structured,
-    )
