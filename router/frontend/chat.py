@@ -20,11 +20,12 @@ ENDPOINT = Endpoint("chat", "chatcmpl", chat=True)
 async def serve(call: asgi.Call, serving: Serving) -> None:
     body = await call.body()
     creq = parse_chat_request(body)
+    params = chat_generation_params(creq)
 
-    def shape(rid: str, prompt_len: int) -> ChatShape:
+    def shape(rid: str, _prompt_len: int) -> ChatShape:
         return ChatShape(rid, int(time.time()), creq.model)
 
-    await serving.generate(call, ENDPOINT, creq, chat_generation_params(creq), shape, len(body))
+    await serving.generate(call, ENDPOINT, creq, params, shape, len(body))
 
 
 class ChatShape:

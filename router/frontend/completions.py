@@ -4,6 +4,7 @@ a prompt of text, token ids or ``prompt_embeds``) and its ``text_completion`` sh
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from router.frontend import asgi
@@ -20,12 +21,13 @@ ENDPOINT = Endpoint("completions", "cmpl", chat=False)
 async def serve(call: asgi.Call, serving: Serving) -> None:
     body = await call.body()
     creq = parse_completion_request(body)
-
-    def shape(rid: str, prompt_len: int) -> CompletionShape:
-        return CompletionShape(rid, int(time.time()), creq.model)
-
     params = completion_generation_params(creq)
+    shape = partial(_shape, creq.model)
     await serving.generate(call, ENDPOINT, creq, params, shape, len(body))
+
+
+def _shape(model: str, rid: str, _prompt_len: int) -> CompletionShape:
+    return CompletionShape(rid, int(time.time()), model)
 
 
 class CompletionShape(ChatShape):

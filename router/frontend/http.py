@@ -3,17 +3,15 @@ table, API keys, request ids, tracing, the access log, errors, and the operation
 
 Routes (``ROUTES``):
 
-=====================================  ======  =================================================
-POST /v1/chat/completions              chat.py         OpenAI chat completions
-POST /v1/completions                   completions.py  OpenAI completions (text, ids, embeds)
-POST /v1/responses                     responses_api.py  OpenAI Responses
-POST /v1/messages                      anthropic.py    Anthropic Messages
-POST /v1/messages/count_tokens         anthropic.py    Anthropic token counting
-POST /v1/embeddings                    embeddings.py   OpenAI embeddings
-GET  /v1/models                        here            the models with a live worker
-GET  /health, /ready, /metrics         here            liveness, readiness, Prometheus
-GET  /discovery/prometheus             here            Prometheus HTTP service discovery
-=====================================  ======  =================================================
+    POST /v1/chat/completions        chat.py           OpenAI chat completions
+    POST /v1/completions             completions.py    OpenAI completions (text, ids, embeds)
+    POST /v1/responses               responses_api.py  OpenAI Responses
+    POST /v1/messages                anthropic.py      Anthropic Messages
+    POST /v1/messages/count_tokens   anthropic.py      Anthropic token counting
+    POST /v1/embeddings              embeddings.py     OpenAI embeddings
+    GET  /v1/models                  here              the models with a live worker
+    *    /health, /ready, /metrics   here              liveness, readiness, Prometheus (any method)
+    GET  /discovery/prometheus       here              Prometheus HTTP service discovery
 
 The four generation endpoints and embeddings answer another method with 405; the others with
 404, as an unknown path. ``/v1/*`` needs ``Authorization: Bearer <key>`` (or Anthropic's
@@ -77,68 +75,13 @@ class Route:
     counted_as: str | None = None  # a generation endpoint: refusals counted under this label
 
 
-async def _chat(fe: Frontend, call: asgi.Call) -> None:
-    await chat.serve(call, fe.serving)
+def _api(serve: Callable[[asgi.Call, Serving], Awaitable[None]]) -> Handler:
+    """An API family's endpoint (``serve(call, serving)``) as a route's handler."""
 
+    async def handler(fe: Frontend, call: asgi.Call) -> None:
+        await serve(call, fe.serving)
 
-async def _completions(fe: Frontend, call: asgi.Call) -> None:
-    await completions.serve(call, fe.serving)
-
-
-async def _responses(fe: Frontend, call: asgi.Call) -> None:
-    await responses_api.serve(call, fe.serving)
-
-
-async def _messages(fe: Frontend, call: asgi.Call) -> None:
-    await anthropic.serve(call, fe.serving)
-
-
-async def _count_tokens(fe: Frontend, call: asgi.Call) -> None:
-    await anthropic.count_tokens(call, fe.serving)
-
-
-async def _embeddings(fe: Frontend, call: asgi.Call) -> None:
-    await embeddings.serve(call, fe.serving)
-
-
-async def _models(fe: Frontend, call: asgi.Call) -> None:
-    await asgi.send_json(call.send, 200, encode(fe.models_body()))
-
-
-async def _health(fe: Frontend, call: asgi.Call) -> None:
-    ok = fe.nc_connected()
-    body = encode({"status": "ok" if ok else "nats down"})
-    await asgi.send_json(call.send, 200 if ok else 503, body)
-
-
-async def _ready(fe: Frontend, call: asgi.Call) -> None:
-    reasons = await fe.not_ready()
-    body = encode({"ready": not reasons, "reasons": reasons})
-    await asgi.send_json(call.send, 503 if reasons else 200, body)
-
-
-async def _metrics(fe: Frontend, call: asgi.Call) -> None:
-    exposition = fe.metrics.exposition()
-    await asgi.send_text(call.send, 200, exposition, CONTENT_TYPE_LATEST.encode())
-
-
-async def _scrape_targets(fe: Frontend, call: asgi.Call) -> None:
-    await asgi.send_json(call.send, 200, encode(fe.scrape_targets()))
-
-
-ROUTES: dict[str, Route] = {
-    "/v1/chat/completions": Route(_chat, counted_as="chat"),
-    "/v1/completions": Route(_completions, counted_as="completions"),
-    "/v1/responses": Route(_responses, counted_as="responses"),
-    "/v1/messages": Route(_messages, counted_as="messages"),
-    "/v1/messages/count_tokens": Route(_count_tokens, wrong_method=404),
-    "/v1/embeddings": Route(_embeddings),
-    "/v1/models": Route(_models, ("GET",), 404),
-    "/health": Route(_health, None),
-    "/ready": Route(_ready, None),
-    "/metrics": Route(_metrics, None),
-    "/discovery/prometheus": Route(_scrape_targets, ("GET",), 404),
-}
+    return handler
 
 
 class Frontend:
@@ -262,11 +205,28 @@ class Frontend:
         body = anthropic.error_body(err) if path.startswith("/v1/messages") else err.body()
         await asgi.send_json(send, err.status, body, headers)
 
-    # ---- the operations endpoints' answers
-    def nc_connected(self) -> bool:
-        return bool(self.nc.is_connected)
+    # ---- the operations endpoints
+    async def models(self, call: asgi.Call) -> None:
+        await asgi.send_json(call.send, 200, encode(self.models_body()))
 
-    def scrape_targets(self) -> list[dict[str, Any]]:
+    async def health(self, call: asgi.Call) -> None:
+        ok = bool(self.nc.is_connected)
+        body = encode({"status": "ok" if ok else "nats down"})
+        await asgi.send_json(call.send, 200 if ok else 503, body)
+
+    async def ready(self, call: asgi.Call) -> None:
+        reasons = await self.not_ready()
+        body = encode({"ready": not reasons, "reasons": reasons})
+        await asgi.send_json(call.send, 503 if reasons else 200, body)
+
+    async def prometheus(self, call: asgi.Call) -> None:
+        exposition = self.metrics.exposition()
+        await asgi.send_text(call.send, 200, exposition, CONTENT_TYPE_LATEST.encode())
+
+    async def scrape_targets(self, call: asgi.Call) -> None:
+        await asgi.send_json(call.send, 200, encode(self.scrape_target_list()))
+
+    def scrape_target_list(self) -> list[dict[str, Any]]:
         """Prometheus HTTP service discovery: every live worker's operations port, from the
         fleet's discovery (``http_sd_configs`` in infra/deploy/prometheus.yml)."""
         out = []
@@ -308,6 +268,21 @@ class Frontend:
         if not self.models_body()["data"]:
             reasons.append("no model has a live worker")
         return reasons
+
+
+ROUTES: dict[str, Route] = {
+    "/v1/chat/completions": Route(_api(chat.serve), counted_as="chat"),
+    "/v1/completions": Route(_api(completions.serve), counted_as="completions"),
+    "/v1/responses": Route(_api(responses_api.serve), counted_as="responses"),
+    "/v1/messages": Route(_api(anthropic.serve), counted_as="messages"),
+    "/v1/messages/count_tokens": Route(_api(anthropic.count_tokens), wrong_method=404),
+    "/v1/embeddings": Route(_api(embeddings.serve)),
+    "/v1/models": Route(Frontend.models, ("GET",), 404),
+    "/health": Route(Frontend.health, None),
+    "/ready": Route(Frontend.ready, None),
+    "/metrics": Route(Frontend.prometheus, None),
+    "/discovery/prometheus": Route(Frontend.scrape_targets, ("GET",), 404),
+}
 
 
 def _header(scope: asgi.Scope, name: bytes) -> str | None:
