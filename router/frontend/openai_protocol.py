@@ -207,7 +207,11 @@ _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """Decode and validate a ``/v1/chat/completions`` body."""
-    req = decode_body(body, _chat_decoder)
+    return check_chat_request(decode_body(body, _chat_decoder))
+
+
+def check_chat_request(req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """Validate a chat request, decoded or translated from another API's body."""
     _check_messages(req.messages)
     _check_common(req)
     _check_max_tokens("max_completion_tokens", req.max_completion_tokens)
