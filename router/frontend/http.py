@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.asyncio as aioredis
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -92,7 +93,7 @@ class Frontend:
         client: DisaggClient,
         metrics: FrontendMetrics,
         frontend_id: str,
-        redis: Any | None = None,
+        redis: aioredis.Redis | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         """``redis``: checked by ``/ready`` (given where routing cannot go on without it)."""
