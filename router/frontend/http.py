@@ -42,7 +42,6 @@ from router.frontend import anthropic, asgi, chat, completions, embeddings, resp
 from router.frontend.errors import OpenAIError
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.observe import Observer
-from router.frontend.prompts import Prompts
 from router.frontend.serving import Serving
 from router.frontend.shapes import encode
 from router.frontend.tokenize import PromptTokenizer, TokenizeConfig, TokenizeMetrics
@@ -105,13 +104,8 @@ class Frontend:
         self.redis = redis
         self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
         self.tokenizer = PromptTokenizer(cfg.tokenize, TokenizeMetrics(metrics.registry))
-        self.serving = Serving(
-            discovery,
-            client,
-            metrics,
-            Prompts(self.tokenizer, idle=lambda: self.serving.active == 0),
-            Observer(self.nc, client.subjects, metrics, frontend_id),
-        )
+        observer = Observer(self.nc, client.subjects, metrics, frontend_id)
+        self.serving = Serving(discovery, client, metrics, self.tokenizer, observer)
 
     async def close(self) -> None:
         await self.tokenizer.stop()

@@ -34,12 +34,20 @@ from router.frontend.prompts import Prompts
 from router.frontend.shapes import ResponseShape
 from router.frontend.stops import StopMatcher
 from router.frontend.stream import AnyGeneration, Choice, Choices, LogprobsAsk
+from router.frontend.tokenize import PromptTokenizer
 from router.generation import NoWorkersError, OverloadedError
 from schemas import ModelCard, Request
 
 log = structlog.get_logger("jetfleet.frontend")
 
 ShapeFor = Callable[[str, int], ResponseShape]  # (response id, prompt tokens) -> the shape
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    length: int  # positions: the tokens', or the prompt embeddings' (which have no tokens)
+    embeds: bytes | None = None  # prompt_embeds, as sent
 
 
 @dataclass(frozen=True)
@@ -55,15 +63,16 @@ class Serving:
         discovery: Discovery,
         client: DisaggClient,
         metrics: FrontendMetrics,
-        prompts: Prompts,
+        tokenizer: PromptTokenizer,
         observer: Observer,
     ) -> None:
         self.discovery = discovery
         self.client = client
         self.metrics = metrics
-        self.prompts = prompts
         self.observer = observer
         self.active = 0  # generation requests in progress in this process
+        # an idle frontend tokenizes small prompts inline (tokenize.py)
+        self.prompts = Prompts(tokenizer, idle=lambda: self.active == 0)
 
     def served(self, model: str) -> ServedModel:
         served = self.discovery.models.get(model)
@@ -92,43 +101,22 @@ class Serving:
         card = served.card
         outputs = [_choice_output(card, params, endpoint.chat) for _ in range(params.n)]
         self._check_constraint(creq.model, params)
-        embeds: bytes | None = None
-        prompt: list[int] = []
-        if isinstance(creq, ChatCompletionRequest):
-            prompt = await self.prompts.chat(served, creq, params, size_hint)
-            prompt_len = len(prompt)
-        elif creq.prompt_embeds is not None:
-            embeds, prompt_len = self.prompts.embeds(served, creq)
-        else:
-            prompt = await self.prompts.completion(served, creq, size_hint)
-            prompt_len = len(prompt)
+        prompt = await self._prompt(served, creq, params, size_hint)
         max_tokens = resolve_max_tokens(
             params.max_tokens,
-            prompt_len,
+            prompt.length,
             card.context_length,
             prompt_param="messages" if endpoint.chat else "prompt",
         )
         rid = f"{endpoint.id_prefix}-{call.ctx['request_id']}"
-        call.ctx.update(request_id=rid, model=creq.model, prompt_tokens=prompt_len)
+        call.ctx.update(request_id=rid, model=creq.model, prompt_tokens=prompt.length)
         special = served.tokenizer.special_tokens
         keep_special = any(m in special for o in outputs[:1] for m in o.markers)
-        now = time.time()
-        requests = [
-            Request(
-                request_id=rid if params.n == 1 else f"{rid}-{i}",
-                model=creq.model,
-                token_ids=tuple(prompt),
-                sampling=params.choice_sampling(max_tokens, i),
-                created_at_s=now,
-                skip_special_tokens=not keep_special,
-                prompt_embeds=embeds,
-            )
-            for i in range(params.n)
-        ]
+        requests = _requests(creq.model, rid, prompt, params, max_tokens, keep_special)
         gens = await self.submit(creq.model, rid, requests, card.block_size, call.traceparent)
         echo = None
         if params.echo and isinstance(creq, CompletionRequest):
-            echo = self.prompts.echo_text(served, creq, prompt)
+            echo = self.prompts.echo_text(served, creq, prompt.tokens)
         choices = [
             Choice(g, StopMatcher(params.stop), o, echo=echo)
             for g, o in zip(gens, outputs, strict=True)
@@ -139,17 +127,25 @@ class Serving:
             lp = LogprobsAsk(
                 sampling.logprobs, sampling.prompt_logprobs, endpoint.chat, served.token_text
             )
-        run = Choices(choices, lp, self.metrics.itl.labels(creq.model).observe)
-        await self._run(
-            call,
-            endpoint,
-            creq.model,
-            run,
-            params,
-            shape_for(rid, prompt_len),
-            accepted,
-            prompt_len,
-        )
+        run = Choices(choices, prompt.length, lp, self.metrics.itl.labels(creq.model).observe)
+        shape = shape_for(rid, prompt.length)
+        await self._run(call, endpoint, creq.model, run, params, shape, accepted)
+
+    async def _prompt(
+        self,
+        served: ServedModel,
+        creq: ChatCompletionRequest | CompletionRequest,
+        params: GenerationParams,
+        size_hint: int,
+    ) -> Prompt:
+        if isinstance(creq, ChatCompletionRequest):
+            tokens = await self.prompts.chat(served, creq, params, size_hint)
+        elif creq.prompt_embeds is not None:
+            embeds, positions = self.prompts.embeds(served, creq)
+            return Prompt([], positions, embeds)
+        else:
+            tokens = await self.prompts.completion(served, creq, size_hint)
+        return Prompt(tokens, len(tokens))
 
     async def _run(
         self,
@@ -160,7 +156,6 @@ class Serving:
         params: GenerationParams,
         shape: ResponseShape,
         accepted: float,
-        prompt_len: int,
     ) -> None:
         self.metrics.in_flight.inc()
         self.active += 1
@@ -169,9 +164,9 @@ class Serving:
         try:
             async with asgi.DisconnectWatcher(call.receive):
                 if params.stream:
-                    await run.stream(call.send, shape, params.include_usage, prompt_len)
+                    await run.stream(call.send, shape, params.include_usage)
                 else:
-                    await run.collect(call.send, shape, prompt_len)
+                    await run.collect(call.send, shape)
         except asyncio.CancelledError:
             status = "cancelled"
             for c in choices:
@@ -192,7 +187,7 @@ class Serving:
                 worker_id=",".join(c.gen.worker_id for c in choices),
                 attempts=max((c.gen.attempts for c in choices), default=0),
             )
-            await self.observer.generated(model, choices, accepted, prompt_len, status)
+            await self.observer.generated(model, choices, accepted, run.prompt_len, status)
 
     async def submit(
         self, model: str, rid: str, requests: list[Request], block_size: int, traceparent: str
@@ -255,3 +250,27 @@ def _choice_output(card: ModelCard, params: GenerationParams, chat: bool) -> Cho
         )
     except ValueError as exc:
         raise bad("tool_choice", str(exc)) from None
+
+
+def _requests(
+    model: str,
+    rid: str,
+    prompt: Prompt,
+    params: GenerationParams,
+    max_tokens: int,
+    keep_special: bool,
+) -> list[Request]:
+    """One engine request per choice (``rid-i`` when there are several)."""
+    now = time.time()
+    return [
+        Request(
+            request_id=rid if params.n == 1 else f"{rid}-{i}",
+            model=model,
+            token_ids=tuple(prompt.tokens),
+            sampling=params.choice_sampling(max_tokens, i),
+            created_at_s=now,
+            skip_special_tokens=not keep_special,
+            prompt_embeds=prompt.embeds,
+        )
+        for i in range(params.n)
+    ]

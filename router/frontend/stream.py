@@ -62,16 +62,21 @@ class Choices:
     """The choices of one request; ``on_gap(seconds)`` hears each inter-token gap."""
 
     def __init__(
-        self, choices: list[Choice], lp: LogprobsAsk | None, on_gap: Callable[[float], None]
+        self,
+        choices: list[Choice],
+        prompt_len: int,
+        lp: LogprobsAsk | None,
+        on_gap: Callable[[float], None],
     ) -> None:
         self.choices = choices
+        self.prompt_len = prompt_len
         self.lp = lp
         self.on_gap = on_gap
 
-    def usage(self, prompt_len: int) -> dict[str, Any]:
+    def usage(self) -> dict[str, Any]:
         completion = sum(len(c.gen.generated) for c in self.choices)
         cached = max((c.gen.cached_tokens for c in self.choices), default=0)
-        return usage_body(prompt_len, completion, cached)
+        return usage_body(self.prompt_len, completion, cached)
 
     async def events(self) -> AsyncIterator[Event]:
         """Every choice's events in arrival order."""
@@ -184,9 +189,7 @@ class Choices:
         return merge_completion(c.logprobs[1:]) if c.logprobs else None
 
     # ---- the two ways out
-    async def stream(
-        self, send: asgi.Send, shape: ResponseShape, include_usage: bool, prompt_len: int
-    ) -> None:
+    async def stream(self, send: asgi.Send, shape: ResponseShape, include_usage: bool) -> None:
         await asgi.start_sse(send)
         head = shape.start(len(self.choices))
         if head:
@@ -205,9 +208,9 @@ class Choices:
                 pending.clear()
         if pending:
             await asgi.send_sse(send, b"".join(pending))
-        await asgi.end_sse(send, shape.end(self.usage(prompt_len), include_usage))
+        await asgi.end_sse(send, shape.end(self.usage(), include_usage))
 
-    async def collect(self, send: asgi.Send, shape: ResponseShape, prompt_len: int) -> None:
+    async def collect(self, send: asgi.Send, shape: ResponseShape) -> None:
         async for _ in self.events():
             pass
         failed = [c.error for c in self.choices if c.error]
@@ -223,4 +226,4 @@ class Choices:
             )
             for c in self.choices
         ]
-        await asgi.send_json(send, 200, shape.full(full, self.usage(prompt_len)))
+        await asgi.send_json(send, 200, shape.full(full, self.usage()))
