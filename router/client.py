@@ -189,7 +189,7 @@ class FleetClient:
         sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=feed)
         gen = Generation(self, request, decision, stream, traceparent, disagg)
         self.active[request.request_id] = _InFlight(gen, sub)
-        self.moved(request.request_id, "", gen.worker_id)
+        self.moved("", gen.worker_id)
         if gen.worker_id and not self.state.is_alive(gen.worker_id):
             # it left while the request was being routed, before it was in ``active``
             stream.interrupt(f"worker {gen.worker_id} left")
@@ -210,7 +210,7 @@ class FleetClient:
             await asyncio.sleep(0.05)
 
     # ------------------------------------------------------------------ requests in flight
-    def moved(self, request_id: str, from_worker: str, to_worker: str) -> None:
+    def moved(self, from_worker: str, to_worker: str) -> None:
         self.state.count(from_worker, -1, self._remote_prefills)
         self.state.count(to_worker, +1, self._remote_prefills)
 

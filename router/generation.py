@@ -56,7 +56,7 @@ class Dispatch(Protocol):
         """Tell the worker to stop (a lost message is tolerated)."""
         ...
 
-    def moved(self, request_id: str, from_worker: str, to_worker: str) -> None:
+    def moved(self, from_worker: str, to_worker: str) -> None:
         """The request's current attempt now runs on ``to_worker`` ("" : not known yet)."""
         ...
 
@@ -147,7 +147,7 @@ class Generation:
             self.kv_transfer_ms = chunk.usage.kv_transfer_ms
 
     def _move(self, worker_id: str) -> None:
-        self._dispatch.moved(self.request_id, self.worker_id, worker_id)
+        self._dispatch.moved(self.worker_id, worker_id)
         self.worker_id = worker_id
 
     async def _migrate(self, reason: str) -> TokenChunk | None:

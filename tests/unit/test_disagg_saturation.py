@@ -49,8 +49,8 @@ def _client(loads: dict[str, tuple[int, int]]) -> DisaggClient:
 
 def _prefills(c: DisaggClient, worker_id: str, n: int) -> None:
     """``n`` remote prefills in flight on ``worker_id``, as the prefill client counts them."""
-    for i in range(n):
-        c.prefill.moved(f"{worker_id}-{i}", "", worker_id)
+    for _ in range(n):
+        c.prefill.moved("", worker_id)
 
 
 def test_whole_requests_decoding_on_prefill_workers_do_not_saturate_the_pool() -> None:
