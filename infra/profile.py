@@ -81,9 +81,10 @@ from planner.profile_fit import (
     select_worker,
     stagger,
 )
-from router.client import ClientConfig, FleetClient, Generation, NoWorkersError, OverloadedError
+from router.client import ClientConfig, FleetClient
 from router.discovery import Discovery, ServedModel
 from router.fleet_state import FleetState, WorkerView
+from router.generation import Generation, NoWorkersError, OverloadedError
 from router.policies import RouteQuery
 from schemas import Request, RouteDecision, SamplingParams, Subjects
 

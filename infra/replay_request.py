@@ -28,6 +28,7 @@ from schemas import (
     decode,
     to_builtins,
 )
+from schemas.requests import prefill_request_id
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def summarize_observation(obs: RequestObservation) -> str:
         text += (
             f"; prefilled remotely ({obs.disagg_reason}) on {obs.prefill_worker_id} in "
             f"{obs.prefill_s * 1000:.1f} ms, KV pulled in {obs.kv_transfer_ms:.2f} ms "
-            f"(replay {obs.request_id}-prefill for its side)"
+            f"(replay {prefill_request_id(obs.request_id)} for its side)"
         )
     elif obs.disagg:
         text += f"; prefilled locally ({obs.disagg_reason})"

@@ -24,9 +24,10 @@ from base.connect import close_nats, connect_nats, connect_redis
 from base.stream_read import Recorded, read_messages
 from base.topology import ensure_topology
 from planner.observe import percentile
-from router.client import ClientConfig, FleetClient, NoWorkersError, OverloadedError
+from router.client import ClientConfig, FleetClient
 from router.discovery import Discovery
 from router.fleet_state import FleetState
+from router.generation import NoWorkersError, OverloadedError
 from router.kv.router import KvRouterConfig
 from router.routers import build_router
 from schemas import Request, RequestObservation, Subjects, WireDecodeError, decode
@@ -142,7 +143,7 @@ async def replay_traffic(
         build_router(router, target, redis, KvRouterConfig()),
         ClientConfig(wait_for_worker_s=5.0),
     )
-    discovery = Discovery(nc, target, state, on_worker_gone=client.worker_gone)
+    discovery = Discovery(nc, target, state)
     await discovery.start()
     client.start()
     try:

@@ -32,12 +32,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import msgspec
 import structlog
 
-from router.client import FleetClient, Generation, NoWorkersError, OverloadedError
+from router.client import FleetClient
 from router.disagg import (
     DisaggConfig,
     Placement,
@@ -46,14 +45,15 @@ from router.disagg import (
     stays_on_prefill_worker,
     uncached_tokens,
 )
+from router.generation import Generation, NoWorkersError, OverloadedError, Routed
 from schemas import (
-    ControlRequest,
     Request,
-    RequestObservation,
     RouteDecision,
     TokenChunk,
     encode,
 )
+from schemas.control import kv_release
+from schemas.requests import prefill_request_id
 
 log = structlog.get_logger("jetfleet.disagg")
 
@@ -66,7 +66,9 @@ class DisaggClient:
         decode: FleetClient,
         cfg: DisaggConfig,
         either: FleetClient | None = None,
+        on_placement: Callable[[str, Placement], None] = lambda _model, _p: None,
     ) -> None:
+        """``on_placement(model, placement)`` hears where each request's prefill was placed."""
         self.agg, self.prefill, self.decode = agg, prefill, decode
         # routes over decode and prefill workers alike (local runs that may use a prefill worker)
         self.either = either
@@ -74,7 +76,7 @@ class DisaggClient:
         self.subjects = agg.subjects
         self.state = agg.state
         self.nc = agg.nc
-        self.on_placement: Callable[[str, Placement], None] = lambda _model, _p: None
+        self.on_placement = on_placement
 
     def _clients(self) -> tuple[FleetClient, ...]:
         both = () if self.either is None else (self.either,)
@@ -87,10 +89,6 @@ class DisaggClient:
     async def stop(self) -> None:
         for c in self._clients():
             await c.stop()
-
-    def worker_gone(self, worker_id: str) -> None:
-        for c in self._clients():
-            c.worker_gone(worker_id)
 
     async def catch_up(self) -> None:
         for c in self._clients():
@@ -124,9 +122,9 @@ class DisaggClient:
                 await self.decode.unroute(request.request_id)
                 raise
             else:
-                gen = DisaggGeneration(self, request, routed, traceparent, pgen, accepted)
-                gen.disagg_reason = placement.reason
-                return gen
+                return DisaggGeneration(
+                    self, request, routed, traceparent, pgen, accepted, placement.reason
+                )
         return await self._local(self.decode, request, traceparent, routed, placement)
 
     @staticmethod
@@ -134,20 +132,16 @@ class DisaggClient:
         client: FleetClient,
         request: Request,
         traceparent: str | None,
-        routed: tuple[str, RouteDecision | None],
+        routed: Routed,
         placement: Placement,
     ) -> Generation:
         try:
-            gen = await client.generate(request, traceparent, routed=routed)
+            return await client.generate(request, traceparent, routed, ("local", placement.reason))
         except BaseException:  # the reservation must not outlive the request
             await client.unroute(request.request_id)
             raise
-        gen.disagg, gen.disagg_reason = "local", placement.reason
-        return gen
 
-    async def _route(
-        self, request: Request
-    ) -> tuple[tuple[str, RouteDecision | None], Placement, FleetClient | None]:
+    async def _route(self, request: Request) -> tuple[Routed, Placement, FleetClient | None]:
         """The worker (reserved) and the placement; and the client that runs the request whole
         when the worker is a prefill worker (``router/disagg.py``), else None."""
         either = self.either
@@ -180,18 +174,20 @@ class DisaggClient:
             block_size = view.reg.block_size if view is not None else block_size
         uncached = uncached_tokens(len(request.token_ids), overlap, block_size)
         queued = [
-            max(self.prefill.in_flight_on(v.worker_id), v.load.num_waiting if v.load else 0)
+            max(v.remote_prefills, v.load.num_waiting if v.load else 0)
             for v in self.state.candidates(request.model, "prefill")
         ]
         return place(self.cfg, uncached, queued)
 
     async def release_prefill(self, worker_id: str, request_id: str) -> None:
-        """Tell a prefill worker its held blocks will not be pulled."""
+        """Tell a prefill worker the blocks it holds for ``request_id``'s remote prefill may go."""
         if not worker_id:
             return
-        body = encode(ControlRequest(args={"request_id": request_id}))
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.subjects.ctl(worker_id, "kv_release"), body)
+            await self.nc.publish(
+                self.subjects.ctl(worker_id, "kv_release"),
+                encode(kv_release(prefill_request_id(request_id))),
+            )
 
 
 def _is_prefill(request: Request) -> bool:
@@ -203,7 +199,7 @@ def _prefill_request(request: Request) -> Request:
     sampling = msgspec.structs.replace(request.sampling, max_tokens=1, min_tokens=1)
     return msgspec.structs.replace(
         request,
-        request_id=f"{request.request_id}-prefill",
+        request_id=prefill_request_id(request.request_id),
         sampling=sampling,
         kv_transfer_params={"do_remote_decode": True},
         route=None,
@@ -218,42 +214,60 @@ class DisaggGeneration:
         self,
         owner: DisaggClient,
         request: Request,
-        routed: tuple[str, RouteDecision | None],
+        routed: Routed,
         traceparent: str | None,
         prefill: Generation,
         accepted: float,
+        reason: str,
     ) -> None:
         self.owner = owner
         self.request = request
         self.prompt_len = len(request.token_ids)
         self.decision = routed[1]
-        self.worker_id = self.decision.worker_id if self.decision else ""
-        self.generated: list[int] = []
-        self.cached_tokens = 0
-        self.host_cached_tokens = 0
-        self.disagg, self.disagg_reason = "remote", "long_uncached"
+        self.disagg, self.disagg_reason = "remote", reason
         self.prefill_worker_id = ""
         self.prefill_s = 0.0
-        self.kv_transfer_ms = 0.0
         self._routed = routed
         self._traceparent = traceparent
         self._accepted = accepted
         self._prefill: Generation | None = prefill
         self._decode: Generation | None = None
-        self._idle: asyncio.Queue[Any] = asyncio.Queue()
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    # what the decode generation knows, once it runs
+    @property
+    def worker_id(self) -> str:
+        if self._decode is not None:
+            return self._decode.worker_id
+        return self.decision.worker_id if self.decision else ""
 
     @property
     def attempts(self) -> int:
         return self._decode.attempts if self._decode is not None else 1
 
     @property
-    def queue(self) -> asyncio.Queue[Any]:
+    def generated(self) -> list[int]:
+        return self._decode.generated if self._decode is not None else []
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._decode.cached_tokens if self._decode is not None else 0
+
+    @property
+    def host_cached_tokens(self) -> int:
+        return self._decode.host_cached_tokens if self._decode is not None else 0
+
+    @property
+    def kv_transfer_ms(self) -> float:
+        return self._decode.kv_transfer_ms if self._decode is not None else 0.0
+
+    @property
+    def pending(self) -> bool:
         current = self._decode or self._prefill
-        return current.queue if current is not None else self._idle
+        return current is not None and current.pending
 
     def __aiter__(self) -> AsyncIterator[TokenChunk]:
         return self._chunks()
@@ -267,30 +281,23 @@ class DisaggGeneration:
             )
         try:
             self._decode = await self._start_decode(req)
-            async for chunk in self._follow(self._decode):
+            async for chunk in self._decode:
                 yield chunk
         finally:
             if first is not None:
                 # Normally the decode worker already told the prefill worker it pulled the KV;
                 # if it died first (or the request ended early), this frees the held blocks now
                 # rather than at the hold timeout. A second release is a no-op.
-                await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+                await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
 
     async def _start_decode(self, request: Request) -> Generation:
         try:
-            return await self.owner.decode.generate(request, self._traceparent, self._routed)
+            return await self.owner.decode.generate(
+                request, self._traceparent, self._routed, (self.disagg, self.disagg_reason)
+            )
         except Exception:
             await self.owner.decode.unroute(request.request_id)
             raise
-
-    async def _follow(self, gen: Generation) -> AsyncIterator[TokenChunk]:
-        async for chunk in gen:
-            self.generated.extend(chunk.token_ids)
-            if chunk.usage is not None:
-                self.cached_tokens = chunk.usage.cached_tokens
-                self.host_cached_tokens = chunk.usage.host_cached_tokens
-                self.kv_transfer_ms = chunk.usage.kv_transfer_ms
-            yield chunk
 
     async def _prefill_answer(self) -> TokenChunk | None:
         """The prefill's merged answer, or None (failed, stalled, no transfer parameters)."""
@@ -325,7 +332,7 @@ class DisaggGeneration:
                 error=answer.error if answer is not None else None,
             )
             self.disagg, self.disagg_reason = "local", reason
-            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+            await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
             return None
         return answer
 
@@ -335,44 +342,6 @@ class DisaggGeneration:
         if self._decode is not None:
             await self._decode.cancel(reason)
         elif self._prefill is None and self.prefill_worker_id:
-            await self.owner.release_prefill(self.prefill_worker_id, _prefill_id(self.request))
+            await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
         if self._decode is None:
             await self.owner.decode.unroute(self.request_id)
-
-    def observation(self, **kwargs: Any) -> RequestObservation:
-        inner = self._decode
-        if inner is not None:
-            obs = inner.observation(**kwargs)
-        else:
-            obs = RequestObservation(
-                request_id=self.request_id,
-                model=self.request.model,
-                status=kwargs["status"],
-                ts_s=time.time(),
-                worker_id=self.worker_id,
-                frontend_id=kwargs["source"],
-                finish_reason=kwargs.get("finish_reason"),
-                error=kwargs.get("error"),
-            )
-        accepted, first_at, last_at = kwargs["accepted"], kwargs["first_at"], kwargs["last_at"]
-        osl = len(self.generated)
-        return msgspec.structs.replace(
-            obs,
-            isl_tokens=self.prompt_len,
-            osl_tokens=osl,
-            cached_tokens=self.cached_tokens,
-            host_cached_tokens=self.host_cached_tokens,
-            ttft_s=(first_at - accepted) if first_at else 0.0,
-            itl_s=(last_at - first_at) / (osl - 1) if osl > 1 and first_at and last_at else 0.0,
-            disagg=self.disagg,
-            disagg_reason=self.disagg_reason,
-            prefill_worker_id=self.prefill_worker_id,
-            prefill_s=self.prefill_s,
-            kv_transfer_ms=self.kv_transfer_ms,
-            route=self.decision,
-            attempts=self.attempts,
-        )
-
-
-def _prefill_id(request: Request) -> str:
-    return f"{request.request_id}-prefill"

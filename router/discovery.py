@@ -1,7 +1,8 @@
 """Discovery watcher: keeps a router's ``FleetState`` and model table in step with NATS.
 
 - ``fleet_workers`` bucket (``WorkerWatch``): registrations in, deletions out, and workers whose
-  heartbeat is older than their TTL dropped; each goes away from the ``FleetState`` and is reported;
+  heartbeat is older than their TTL dropped; each goes away from the ``FleetState``, which tells
+  the clients (their requests there migrate);
 - ``fleet_models`` bucket (watched) + ``fleet_model_files`` object store: model cards and their
   tokenizers, loaded once per tokenizer digest;
 - fleet.metrics.> (core subscription; the stream also keeps them): ``WorkerLoad`` reports;
@@ -61,16 +62,15 @@ class Discovery:
         nc: NATS,
         subjects: Subjects,
         state: FleetState,
-        on_worker_gone: Callable[[str], None] = lambda _w: None,
         prune_interval_s: float = 0.25,
         on_worker_joined: Callable[[str], None] = lambda _w: None,
+        tokenizer_read_timeout_s: float = TOKENIZER_READ_TIMEOUT_S,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.subjects = subjects
         self.state = state
         self.models: dict[str, ServedModel] = {}
-        self._on_gone = on_worker_gone
         self._tasks: list[asyncio.Task[Any]] = []
         self._models_watch: Any = None
         self._sub: Subscription | None = None
@@ -79,11 +79,11 @@ class Discovery:
             nc,
             subjects,
             on_joined=on_worker_joined,
-            on_gone=self._worker_gone,
+            on_gone=state.remove,
             expire_every_s=prune_interval_s,
             on_heard=state.upsert,
         )
-        self.tokenizer_read_timeout_s = TOKENIZER_READ_TIMEOUT_S
+        self.tokenizer_read_timeout_s = tokenizer_read_timeout_s
 
     async def start(self) -> None:
         s = self.subjects
@@ -111,12 +111,6 @@ class Discovery:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
-
-    def _worker_gone(self, worker_id: str) -> None:
-        """Deleted, restarted under its id or silent past its TTL: no longer a candidate, and
-        what it had in flight migrates."""
-        self.state.remove(worker_id)
-        self._on_gone(worker_id)
 
     async def _watch_models(self, watcher: Any, synced: asyncio.Event) -> None:
         async for entry in watcher:

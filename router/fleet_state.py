@@ -1,13 +1,15 @@
 """What a router knows about the fleet: live workers, their reported load, local in-flight counts.
 
 Pure state (no I/O). The discovery watcher feeds it registrations, deletions and load reports, and
-removes a worker whose heartbeat is older than its ``ttl_s`` (``base.worker_watch``), reporting it
-so in-flight requests can migrate; the router reads candidates from it.
+removes a worker that deregistered, restarted or whose heartbeat is older than its ``ttl_s``
+(``base.worker_watch``); the removal is the one way a client learns a worker left
+(``on_departure``), so its requests there migrate. The router reads candidates from it, and the
+clients keep its one in-flight count (``count``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from schemas import WorkerLoad, WorkerRegistration
@@ -19,6 +21,7 @@ class WorkerView:
     load: WorkerLoad | None = None
     load_at: float = 0.0  # local monotonic time of the last load report
     in_flight: int = 0  # requests this router sent that have not finished
+    remote_prefills: int = 0  # of those, remote prefills (a disaggregated prefill pool's queue)
 
     @property
     def worker_id(self) -> str:
@@ -37,6 +40,11 @@ class WorkerView:
 @dataclass
 class FleetState:
     workers: dict[str, WorkerView] = field(default_factory=dict)
+    _departures: list[Callable[[str], None]] = field(default_factory=list, init=False, repr=False)
+
+    def on_departure(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(worker_id)`` for each worker removed from now on."""
+        self._departures.append(callback)
 
     def upsert(self, reg: WorkerRegistration) -> None:
         view = self.workers.get(reg.worker_id)
@@ -45,8 +53,20 @@ class FleetState:
         else:
             view.reg = reg
 
-    def remove(self, worker_id: str) -> WorkerView | None:
-        return self.workers.pop(worker_id, None)
+    def remove(self, worker_id: str) -> None:
+        """The worker left (deregistered, restarted under its id, or silent past its TTL)."""
+        self.workers.pop(worker_id, None)
+        for callback in self._departures:
+            callback(worker_id)
+
+    def count(self, worker_id: str, delta: int, remote_prefill: bool = False) -> None:
+        """A request of this router's started (+1) or stopped (-1) running on ``worker_id``
+        ("" or a worker not known: nothing to count)."""
+        view = self.workers.get(worker_id) if worker_id else None
+        if view is not None:
+            view.in_flight = max(view.in_flight + delta, 0)
+            if remote_prefill:
+                view.remote_prefills = max(view.remote_prefills + delta, 0)
 
     def apply_load(self, load: WorkerLoad, now: float) -> None:
         view = self.workers.get(load.worker_id)

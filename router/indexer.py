@@ -144,7 +144,17 @@ class IndexerMetrics:
 
 
 class Indexer:
-    def __init__(self, cfg: IndexerConfig, nc: NATS, redis: Any, metrics: IndexerMetrics) -> None:
+    def __init__(
+        self,
+        cfg: IndexerConfig,
+        nc: NATS,
+        redis: Any,
+        metrics: IndexerMetrics,
+        live_workers: Callable[[], set[str] | None] = lambda: None,
+    ) -> None:
+        """``live_workers``: the workers discovery knows, or None until its first full read
+        (``run_indexer`` passes its ``WorkerWatch``'s; without it there is nothing to reconcile
+        against)."""
         self.cfg = cfg
         self.nc = nc
         self.js = nc.jetstream()
@@ -155,9 +165,7 @@ class Indexer:
         self.metrics = metrics
         self.worker_models: dict[str, str] = {}
         self.departed: set[str] = set()  # left discovery: their late events are ignored
-        # The workers discovery knows, or None until its first full read (``run_indexer`` wires
-        # the WorkerWatch in; without it there is nothing to reconcile against).
-        self.live_workers: Callable[[], set[str] | None] = lambda: None
+        self.live_workers = live_workers
         self._renew = redis.register_script(_RENEW)
         self.applied = 0
         self._snapshot_at = time.monotonic()
@@ -553,16 +561,18 @@ async def run_indexer(cfg: IndexerConfig) -> None:
             nats_connected(nc),
             cfg.metrics_host,
         )
-    indexer = Indexer(cfg, nc, redis, IndexerMetrics(prom))
     pending: set[asyncio.Task[None]] = set()
+
+    def live_workers() -> set[str] | None:  # the watch below, once it has read discovery
+        return set(watch.live) if watch.synced.is_set() else None
 
     def gone(worker_id: str) -> None:
         task = asyncio.create_task(indexer.worker_gone(worker_id))
         pending.add(task)
         task.add_done_callback(pending.discard)
 
+    indexer = Indexer(cfg, nc, redis, IndexerMetrics(prom), live_workers)
     watch = WorkerWatch(nc, cfg.subjects, on_joined=indexer.worker_joined, on_gone=gone)
-    indexer.live_workers = lambda: set(watch.live) if watch.synced.is_set() else None
     await watch.start()
     stop = stop_event()
     try:

@@ -14,7 +14,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 from nats.aio.client import Client as NATS
@@ -27,20 +27,18 @@ from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
 from base.tracing import Span, Tracing
-from router.client import ClientConfig, Generation, NoWorkersError, OverloadedError
-from router.disagg import DisaggConfig
 from router.disagg_client import DisaggClient, DisaggGeneration
-from router.kv.router import KvRouterConfig
+from router.generation import Generation, NoWorkersError, OverloadedError
+from router.observation import observation
 from router.stack import RoutingStack, StackConfig
 from schemas import (
     Request,
-    Subjects,
-    TokenChunk,
     WireDecodeError,
     decode,
     encode,
 )
 from schemas.streams import router_consumer
+from schemas.tokens import error_chunk
 from schemas.trace import HEADER as TRACE_HEADER
 from schemas.validate import is_subject_token, request_problem
 
@@ -49,13 +47,7 @@ log = structlog.get_logger("jetfleet.router_service")
 
 @dataclass(frozen=True)
 class RouterServiceConfig:
-    nats_url: str
-    subjects: Subjects = field(default_factory=Subjects)
-    router: str = "kv"
-    redis_url: str | None = None
-    kv: KvRouterConfig = field(default_factory=KvRouterConfig)
-    client: ClientConfig = field(default_factory=ClientConfig)
-    disagg: DisaggConfig = field(default_factory=DisaggConfig)
+    stack: StackConfig
     batch: int = 64
     metrics_port: int = 0  # the operations port: /metrics, /health, /ready (0: off)
     metrics_host: str = "127.0.0.1"
@@ -72,6 +64,7 @@ class RouterService:
         tracing: Tracing | None = None,
     ) -> None:
         self.cfg = cfg
+        self.subjects = cfg.stack.subjects
         self.tracing = tracing or Tracing("jetfleet-router", "router-service", env={})
         self.submissions = Counter(
             "jetfleet_router_submissions",
@@ -92,28 +85,25 @@ class RouterService:
             req = decode(msg.data, Request)
         except WireDecodeError as exc:
             self.submissions.labels("undecodable").inc()
-            await dead_letter(self.nc, self.cfg.subjects, "router", msg, str(exc))
+            await dead_letter(self.nc, self.subjects, "router", msg, str(exc))
             await msg.term()
             return
         problem = request_problem(req, self.vocab_size(req.model))
         if problem is not None:
             self.submissions.labels("invalid").inc()
-            await dead_letter(self.nc, self.cfg.subjects, "router", msg, f"invalid: {problem}")
+            await dead_letter(self.nc, self.subjects, "router", msg, f"invalid: {problem}")
             await msg.term()
             if is_subject_token(req.request_id):
                 await self._fail(req, f"invalid request: {problem}")
             return
         # a NATS client's W3C trace context continues through the routed request to the worker
         parent = (msg.headers or {}).get(TRACE_HEADER)
-        if self.tracing.exporting:
-            span = self.tracing.start(
-                f"route {req.model}",
-                parent,
-                "consumer",
-                {"jetfleet.request_id": req.request_id, "gen_ai.request.model": req.model},
-            )
-        else:
-            span = Span(None, "", parent or "")
+        span = self.tracing.start(
+            f"route {req.model}",
+            parent,
+            "consumer",
+            {"jetfleet.request_id": req.request_id, "gen_ai.request.model": req.model},
+        )
         try:
             gen = await self.client.generate(req, span.traceparent or None)
         except (NoWorkersError, OverloadedError) as exc:
@@ -136,8 +126,8 @@ class RouterService:
         task.add_done_callback(self.followers.discard)
 
     async def _fail(self, req: Request, error: str) -> None:
-        chunk = TokenChunk(req.request_id, req.attempt, 0, finish_reason="error", error=error)
-        await self.nc.publish(self.cfg.subjects.tok(req.request_id), encode(chunk))
+        chunk = error_chunk(req.request_id, req.attempt, 0, error)
+        await self.nc.publish(self.subjects.tok(req.request_id), encode(chunk))
 
     async def _follow(self, gen: Generation | DisaggGeneration, span: Span) -> None:
         started = time.monotonic()
@@ -154,8 +144,9 @@ class RouterService:
                 if reason == "error" and chunk.worker_id == "":
                     # an error chunk made by the routing library (migration gave up): the client
                     # reads the token subject, so it must be published there
-                    await self.nc.publish(self.cfg.subjects.tok(gen.request_id), encode(chunk))
-        obs = gen.observation(
+                    await self.nc.publish(self.subjects.tok(gen.request_id), encode(chunk))
+        obs = observation(
+            gen,
             status="error" if reason == "error" else "ok",
             accepted=started,
             first_at=first,
@@ -172,10 +163,10 @@ class RouterService:
             },
             error=error if reason == "error" else None,
         )
-        await self.nc.publish(self.cfg.subjects.obs(gen.request.model), encode(obs))
+        await self.nc.publish(self.subjects.obs(gen.request.model), encode(obs))
 
     async def run(self, stop: asyncio.Event) -> None:
-        s = self.cfg.subjects
+        s = self.subjects
         spec = router_consumer(s)
         await ensure_consumer(self.js, s.stream_name("REQUESTS"), spec)
         psub = await self.js.pull_subscribe_bind(spec.durable, s.stream_name("REQUESTS"))
@@ -194,18 +185,7 @@ class RouterService:
 
 async def run_router_service(cfg: RouterServiceConfig) -> None:
     tracing = Tracing("jetfleet-router", f"router-{os.getpid()}")  # OTLP export if configured
-    stack = await RoutingStack.open(
-        StackConfig(
-            cfg.nats_url,
-            cfg.subjects,
-            cfg.router,
-            cfg.redis_url,
-            cfg.kv,
-            cfg.client,
-            cfg.disagg,
-        ),
-        name="router-service",
-    )
+    stack = await RoutingStack.open(cfg.stack, name="router-service")
 
     def vocab_size(model: str) -> int | None:
         served = stack.discovery.models.get(model)
@@ -222,7 +202,7 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
             cfg.metrics_host,
         )
     stop = stop_event()
-    log.info("router_service_ready", router=cfg.router)
+    log.info("router_service_ready", router=cfg.stack.router)
     try:
         await service.run(stop)
         with contextlib.suppress(TimeoutError):  # let followers see their requests finish

@@ -4,7 +4,8 @@ the discovery that feeds them. ``close`` takes it down in reverse, Redis include
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
@@ -12,7 +13,7 @@ from nats.aio.client import Client as NATS
 from base.connect import Hook, close_nats, connect_nats, connect_redis
 from base.topology import ensure_topology
 from router.client import ClientConfig, FleetClient
-from router.disagg import DisaggConfig
+from router.disagg import DisaggConfig, Placement
 from router.disagg_client import DisaggClient
 from router.discovery import Discovery
 from router.fleet_state import FleetState
@@ -24,13 +25,20 @@ from schemas import Subjects
 
 @dataclass(frozen=True)
 class StackConfig:
+    """The routing stack of a frontend or a router service (their configs hold one)."""
+
     nats_url: str
-    subjects: Subjects
-    router: str = "kv"
-    redis_url: str | None = None
-    kv: KvRouterConfig | None = None
-    client: ClientConfig | None = None
-    disagg: DisaggConfig | None = None
+    subjects: Subjects = field(default_factory=Subjects)
+    router: str = "kv"  # a policy name (router/policies.py, router/kv/router.py)
+    redis_url: str | None = None  # the kv router's prefix index and reservations
+    kv: KvRouterConfig = field(default_factory=KvRouterConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
+
+    @property
+    def routes_only_with_redis(self) -> bool:
+        """Routing cannot go on without Redis (``kv`` with no fallback): readiness needs it."""
+        return self.router == "kv" and not self.kv.redis_fallback
 
 
 @dataclass
@@ -43,8 +51,14 @@ class RoutingStack:
     discovery: Discovery
 
     @classmethod
-    async def open(cls, cfg: StackConfig, name: str) -> RoutingStack:
-        """Connect and start; anything opened before a failure is closed again."""
+    async def open(
+        cls,
+        cfg: StackConfig,
+        name: str,
+        on_placement: Callable[[str, Placement], None] = lambda _model, _p: None,
+    ) -> RoutingStack:
+        """Connect and start; anything opened before a failure is closed again.
+        ``on_placement(model, placement)``: each disaggregated model's prefill placement."""
         hooks: list[Hook] = []
         nc = await connect_nats(cfg.nats_url, name=name, on_reconnect=hooks)
         redis: aioredis.Redis | None = None
@@ -54,8 +68,8 @@ class RoutingStack:
             state = FleetState()
             router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
             await warm_router(router)
-            client = build_client(nc, cfg, state, router)
-            discovery = Discovery(nc, cfg.subjects, state, on_worker_gone=client.worker_gone)
+            client = build_client(nc, cfg, state, router, on_placement)
+            discovery = Discovery(nc, cfg.subjects, state)
             await discovery.start()
         except BaseException:
             if redis is not None:
@@ -75,12 +89,15 @@ class RoutingStack:
 
 
 def build_client(
-    nc: NATS, cfg: StackConfig, state: FleetState, router: Router | None
+    nc: NATS,
+    cfg: StackConfig,
+    state: FleetState,
+    router: Router | None,
+    on_placement: Callable[[str, Placement], None] = lambda _model, _p: None,
 ) -> DisaggClient:
     """One client per role over the same fleet state and router: aggregated workers, and the
     prefill and decode pools of disaggregated models (``router/disagg_client.py``)."""
-    base = cfg.client or ClientConfig()
-    disagg = cfg.disagg or DisaggConfig()
+    base, disagg = cfg.client, cfg.disagg
 
     def client(role_cfg: ClientConfig) -> FleetClient:
         return FleetClient(nc, cfg.subjects, state, router, role_cfg)
@@ -98,4 +115,5 @@ def build_client(
         client(decode),
         disagg,
         either,
+        on_placement,
     )

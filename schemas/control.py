@@ -37,6 +37,12 @@ class ControlRequest(msgspec.Struct, frozen=True, omit_defaults=True):
     v: int = 1
 
 
+def kv_release(request_id: str) -> ControlRequest:
+    """``kv_release``: the blocks a prefill worker holds for ``request_id`` (a remote prefill)
+    may go, because the decode worker pulled them or none will."""
+    return ControlRequest(args={"request_id": request_id})
+
+
 class ControlReply(msgspec.Struct, frozen=True, omit_defaults=True):
     ok: bool
     detail: str = ""

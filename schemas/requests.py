@@ -114,6 +114,11 @@ class CancelRequested(msgspec.Struct, frozen=True, omit_defaults=True):
     v: int = 1
 
 
+def prefill_request_id(request_id: str) -> str:
+    """The id of a request's remote prefill (disaggregated serving): its own token subject."""
+    return f"{request_id}-prefill"
+
+
 def routed_msg_id(request_id: str, attempt: int) -> str:
     """``Nats-Msg-Id`` of a request routed to a worker or pool (one per attempt)."""
     return f"{request_id}:{attempt}"

@@ -56,3 +56,18 @@ class TokenChunk(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     embedding: tuple[float, ...] | None = None  # task "embed": on the final chunk
     v: int = TOKEN_CHUNK_VERSION
+
+
+def error_chunk(
+    request_id: str, attempt: int, index: int, error: str, worker_id: str = ""
+) -> TokenChunk:
+    """The chunk that ends an attempt with a failure (``worker_id`` empty: made by the routing
+    library or the router service, not by a worker)."""
+    return TokenChunk(
+        request_id=request_id,
+        attempt=attempt,
+        index=index,
+        finish_reason="error",
+        error=error,
+        worker_id=worker_id,
+    )

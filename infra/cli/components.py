@@ -13,11 +13,14 @@ from collections.abc import Callable
 from infra.cli.flags import ConfigFlags, Flag
 from router.client import ClientConfig
 from router.disagg import DisaggConfig
-from router.frontend.app import FrontendConfig
+from router.frontend.http import FrontendConfig
 from router.frontend.service import FrontendServiceConfig
+from router.frontend.tokenize import TokenizeConfig
 from router.indexer import IndexerConfig
 from router.kv.router import KvRouterConfig
 from router.policies import POLICY_NAMES
+from router.stack import StackConfig
+from schemas import Subjects
 from workers.config import WorkerConfig
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.vllm.config import VllmEngineConfig
@@ -151,9 +154,12 @@ FRONTEND = ConfigFlags(
     ),
     "retry_after_s",
     "max_body_mb",
-    "tokenizer_cache_tokens",
     "access_log",
     title="HTTP",
+)
+
+TOKENIZE = ConfigFlags(
+    TokenizeConfig, Flag("cache_tokens", "--tokenizer-cache-tokens"), title="HTTP"
 )
 
 FRONTEND_SERVICE = ConfigFlags(
@@ -287,6 +293,20 @@ def add_routing(
     )
     g.add_argument("--redis", default=redis_default, help=redis_help or REDIS_HELP)
     KV.add_to(p)
+
+
+def routing_stack(args: argparse.Namespace, subjects: Subjects) -> StackConfig:
+    """The routing stack a frontend or router service runs, from the routing, kv, client and
+    disaggregation flags (``routing_argv`` gives them back)."""
+    return StackConfig(
+        args.nats,
+        subjects,
+        args.router,
+        redis_for(args),
+        KV.build(args),
+        CLIENT.build(args),
+        DISAGG.build(args),
+    )
 
 
 def routing_argv(args: argparse.Namespace) -> list[str]:

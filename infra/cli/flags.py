@@ -142,8 +142,9 @@ class ConfigFlags(Generic[C]):
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         """Add the flags (a flag already on ``parser``, declared by another set, is kept)."""
         target: argparse.ArgumentParser | argparse._ArgumentGroup = parser
-        if self.title:
-            target = parser.add_argument_group(self.title)
+        if self.title:  # one group per title: several sets may fill it
+            same = [g for g in parser._action_groups if g.title == self.title]
+            target = same[0] if same else parser.add_argument_group(self.title)
         known = set(parser._option_string_actions)
         for spec in self.specs:
             if spec.flag in known:

@@ -21,17 +21,17 @@ from infra.cli.components import (
     FRONTEND,
     FRONTEND_SERVICE,
     INDEXER,
-    KV,
     MOCKER,
     REDIS_HELP,
+    TOKENIZE,
     VLLM,
     WORKER,
     add_common,
     add_engine,
     add_routing,
     common_argv,
-    redis_for,
     routing_argv,
+    routing_stack,
 )
 from schemas import Subjects
 
@@ -54,6 +54,7 @@ def add_commands(sub: Any) -> None:
     CLIENT.add_to(fe)
     DISAGG.add_to(fe)
     FRONTEND.add_to(fe)
+    TOKENIZE.add_to(fe)
 
     wk = sub.add_parser("worker", help="a worker process (mocker or vllm engine)")
     add_common(wk)
@@ -89,13 +90,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int:
         from router.service import RouterServiceConfig, run_router_service
 
         cfg = RouterServiceConfig(
-            args.nats,
-            subjects,
-            args.router,
-            redis_for(args),
-            kv=KV.build(args),
-            client=CLIENT.build(args),
-            disagg=DISAGG.build(args),
+            routing_stack(args, subjects),
             metrics_port=args.metrics_port,
             metrics_host=args.metrics_host,
         )
@@ -120,18 +115,10 @@ def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> i
 
         return run_frontend_processes(args.processes, frontend_argv(args), args.port)
     env_keys = tuple(k for k in os.environ.get("JETFLEET_API_KEYS", "").split(",") if k)
-    http = FRONTEND.build(args, api_keys=tuple(args.api_key) + env_keys)
-    cfg = FRONTEND_SERVICE.build(
-        args,
-        nats_url=args.nats,
-        router=args.router,
-        redis_url=redis_for(args),
-        kv=KV.build(args),
-        subjects=subjects,
-        client=CLIENT.build(args),
-        disagg=DISAGG.build(args),
-        http=http,
+    http = FRONTEND.build(
+        args, api_keys=tuple(args.api_key) + env_keys, tokenize=TOKENIZE.build(args)
     )
+    cfg = FRONTEND_SERVICE.build(args, stack=routing_stack(args, subjects), http=http)
     return _serve(runner, run_frontend(cfg), "frontend", args)
 
 
@@ -161,6 +148,7 @@ def frontend_argv(args: argparse.Namespace) -> list[str]:
         str(args.redis),
         *routing_argv(args),
         *FRONTEND.argv(args),
+        *TOKENIZE.argv(args),
     ]
 
 

@@ -1,10 +1,12 @@
-"""Anthropic Messages (``/v1/messages``, ``/v1/messages/count_tokens``) on the chat path. Pure.
+"""Anthropic Messages (``/v1/messages``, ``/v1/messages/count_tokens``) on the chat path.
 
-A Messages body is translated into the chat request it means (system prompt, text, tool use and
-tool results, thinking), so it is validated, templated, routed, migrated and observed exactly as
-a chat completion; only the response is shaped differently: a ``message`` object, or the event
-stream (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop`` per block,
-``message_delta``, ``message_stop``). Errors use Anthropic's ``{"type": "error", "error": ...}``.
+A Messages body is decoded into typed structs (``MessagesRequest``; a wrong type names the field
+as Anthropic does, ``messages.0.content``) and translated into the chat request it means (system
+prompt, text, tool use and tool results, thinking), so it is validated, templated, routed,
+migrated and observed exactly as a chat completion; only the response is shaped differently: a
+``message`` object, or the event stream (``message_start``, ``content_block_start`` / ``_delta``
+/ ``_stop`` per block, ``message_delta``, ``message_stop``). Errors use Anthropic's
+``{"type": "error", "error": ...}``.
 
 ``thinking`` (``enabled`` / ``disabled``) is the chat template's ``enable_thinking`` switch (the
 one Qwen3- and DeepSeek-style templates read); ``budget_tokens`` is not enforced apart from
@@ -14,14 +16,27 @@ one Qwen3- and DeepSeek-style templates read); ``budget_tokens`` is not enforced
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import msgspec
 
-from router.frontend.openai_protocol import MAX_STOP, OpenAIError, decode_object
+from router.frontend import asgi
+from router.frontend.errors import OpenAIError, decode_body
+from router.frontend.openai_protocol import (
+    MAX_STOP,
+    ChatCompletionRequest,
+    ChatMessage,
+    FunctionCall,
+    ToolCall,
+    check_chat_request,
+)
 from router.frontend.output import Delta, OutCall
-from router.frontend.responses import FullChoice, encode
+from router.frontend.params import chat_generation_params
+from router.frontend.serving import Endpoint, Serving
+from router.frontend.shapes import FullChoice, encode
 
+ENDPOINT = Endpoint("messages", "msg", chat=True)
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -34,6 +49,27 @@ _ERROR_TYPES = {
 }
 
 
+async def serve(call: asgi.Call, serving: Serving) -> None:
+    """``POST /v1/messages``."""
+    body = await call.body()
+    creq = check_chat_request(to_chat_request(parse_messages_request(body)))
+
+    def shape(rid: str, prompt_len: int) -> MessagesShape:
+        return MessagesShape(rid, int(time.time()), creq.model, prompt_len)
+
+    await serving.generate(call, ENDPOINT, creq, chat_generation_params(creq), shape, len(body))
+
+
+async def count_tokens(call: asgi.Call, serving: Serving) -> None:
+    """``POST /v1/messages/count_tokens``: the prompt's tokens, template included."""
+    body = await call.body()
+    creq = count_tokens_request(body)
+    served = serving.served(creq.model)
+    params = chat_generation_params(creq)
+    prompt = await serving.prompts.chat(served, creq, params, len(body))
+    await asgi.send_json(call.send, 200, encode({"input_tokens": len(prompt)}))
+
+
 def error_body(err: OpenAIError) -> bytes:
     kind = _ERROR_TYPES.get(err.status, "api_error")
     return encode({"type": "error", "error": {"type": kind, "message": err.message}})
@@ -43,159 +79,203 @@ def _bad(param: str, message: str) -> OpenAIError:
     return OpenAIError(400, f"{param}: {message}", param=param)
 
 
-def _text(content: Any, param: str) -> str:
+# ---- the request -----------------------------------------------------------------------------
+
+
+class Block(msgspec.Struct):
+    """A content block; which fields count depends on ``type`` (text, thinking,
+    redacted_thinking, tool_use, tool_result; others are refused by name)."""
+
+    type: str
+    text: str = ""  # text
+    thinking: str = ""  # thinking
+    id: str = ""  # tool_use
+    name: str = ""  # tool_use
+    input: dict[str, Any] | None = None  # tool_use: the call's arguments
+    tool_use_id: str = ""  # tool_result
+    content: str | list[Block] | None = None  # tool_result
+    is_error: bool | None = None  # tool_result
+
+
+class Message(msgspec.Struct):
+    role: str  # user | assistant
+    content: str | list[Block]
+
+
+class Tool(msgspec.Struct):
+    name: str
+    input_schema: dict[str, Any] | None = None
+    description: str | None = None
+    type: str | None = None  # custom (or none); Anthropic's server tools are refused
+
+
+class ToolChoice(msgspec.Struct):
+    type: str  # auto | any | tool | none
+    name: str | None = None  # type tool
+    disable_parallel_tool_use: bool | None = None
+
+
+class Thinking(msgspec.Struct):
+    type: str  # enabled | disabled
+    budget_tokens: int | None = None  # not enforced apart from max_tokens
+
+
+class MessagesRequest(msgspec.Struct):
+    """A ``/v1/messages`` body (unknown fields ignored)."""
+
+    model: str | None = None
+    max_tokens: int | None = None  # required
+    messages: list[Message] | None = None
+    system: str | list[Block] | None = None
+    temperature: float | None = None  # [0, 1]
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None  # ours, for reproducible runs
+    stop_sequences: list[str] | None = None
+    stream: bool | None = None
+    thinking: Thinking | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    metadata: dict[str, Any] | None = None
+
+
+_decoder = msgspec.json.Decoder(MessagesRequest)
+
+
+def _text(content: str | list[Block], param: str) -> str:
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise _bad(param, "content must be a string or a list of content blocks")
-    out = []
     for i, block in enumerate(content):
-        if not isinstance(block, dict) or block.get("type") != "text":
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise _bad(f"{param}.{i}", f"content block type {kind!r} is not supported here")
-        out.append(str(block.get("text", "")))
-    return "".join(out)
+        if block.type != "text":
+            raise _unsupported(f"{param}.{i}", block.type)
+    return "".join(block.text for block in content)
 
 
-def _messages(data: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    system = data.get("system")
-    if system:
-        out.append({"role": "system", "content": _text(system, "system")})
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
+def _unsupported(param: str, kind: str) -> OpenAIError:
+    return _bad(param, f"content block type {kind!r} is not supported here")
+
+
+def _messages(req: MessagesRequest) -> list[ChatMessage]:
+    out: list[ChatMessage] = []
+    if req.system:
+        out.append(ChatMessage("system", _text(req.system, "system")))
+    if not req.messages:
         raise _bad("messages", "messages must be a non-empty list")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+    for i, m in enumerate(req.messages):
+        if m.role not in ("user", "assistant"):
             raise _bad(f"messages.{i}.role", "role must be 'user' or 'assistant'")
-        content = m.get("content")
-        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        if not isinstance(blocks, list):
-            raise _bad(f"messages.{i}.content", "content must be a string or a list of blocks")
-        if m["role"] == "assistant":
+        blocks = [Block("text", m.content)] if isinstance(m.content, str) else m.content
+        if m.role == "assistant":
             out.append(_assistant(blocks, f"messages.{i}.content"))
         else:
             out.extend(_user(blocks, f"messages.{i}.content"))
     return out
 
 
-def _assistant(blocks: list[Any], param: str) -> dict[str, Any]:
+def _assistant(blocks: list[Block], param: str) -> ChatMessage:
     text, thinking, calls = [], [], []
     for j, b in enumerate(blocks):
-        kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "text":
-            text.append(str(b.get("text", "")))
-        elif kind == "thinking":
-            thinking.append(str(b.get("thinking", "")))
-        elif kind == "redacted_thinking":
+        if b.type == "text":
+            text.append(b.text)
+        elif b.type == "thinking":
+            thinking.append(b.thinking)
+        elif b.type == "redacted_thinking":
             continue
-        elif kind == "tool_use":
-            args = json.dumps(b.get("input") or {}, ensure_ascii=False)
-            fn = {"name": b.get("name", ""), "arguments": args}
-            calls.append({"id": b.get("id", ""), "type": "function", "function": fn})
+        elif b.type == "tool_use":
+            args = json.dumps(b.input or {}, ensure_ascii=False)
+            calls.append(ToolCall(FunctionCall(b.name, args), b.id))
         else:
-            raise _bad(f"{param}.{j}", f"content block type {kind!r} is not supported here")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-    if thinking:
-        message["reasoning_content"] = "".join(thinking)
-    if calls:
-        message["tool_calls"] = calls
-    return message
+            raise _unsupported(f"{param}.{j}", b.type)
+    return ChatMessage(
+        "assistant",
+        "".join(text),
+        reasoning_content="".join(thinking) if thinking else None,
+        tool_calls=calls or None,
+    )
 
 
-def _user(blocks: list[Any], param: str) -> list[dict[str, Any]]:
+def _user(blocks: list[Block], param: str) -> list[ChatMessage]:
     results, text = [], []
     for j, b in enumerate(blocks):
-        kind = b.get("type") if isinstance(b, dict) else None
-        if kind == "text":
-            text.append(str(b.get("text", "")))
-        elif kind == "tool_result":
-            content = _text(b.get("content") or "", f"{param}.{j}.content")
-            if b.get("is_error"):
+        if b.type == "text":
+            text.append(b.text)
+        elif b.type == "tool_result":
+            content = _text(b.content or "", f"{param}.{j}.content")
+            if b.is_error:
                 content = f"Error: {content}"
-            results.append(
-                {"role": "tool", "tool_call_id": b.get("tool_use_id", ""), "content": content}
-            )
+            results.append(ChatMessage("tool", content, tool_call_id=b.tool_use_id))
         else:
-            raise _bad(f"{param}.{j}", f"content block type {kind!r} is not supported here")
-    return results + ([{"role": "user", "content": "".join(text)}] if text else [])
+            raise _unsupported(f"{param}.{j}", b.type)
+    return results + ([ChatMessage("user", "".join(text))] if text else [])
 
 
-def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
+def _tool_choice(choice: ToolChoice | None) -> tuple[Any, bool | None]:
     if choice is None:
         return None, None
-    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+    if choice.type not in ("auto", "any", "tool", "none"):
         raise _bad("tool_choice", "tool_choice.type must be auto, any, tool or none")
-    parallel = False if choice.get("disable_parallel_tool_use") else None
-    kind = choice["type"]
-    if kind == "tool":
-        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
-    return {"auto": "auto", "any": "required", "none": "none"}[kind], parallel
+    parallel = False if choice.disable_parallel_tool_use else None
+    if choice.type == "tool":
+        return {"type": "function", "function": {"name": choice.name}}, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
 
 
-def to_chat_body(body: bytes) -> tuple[bytes, dict[str, Any]]:
-    """The chat completions body a Messages body means, and the Messages body itself."""
-    data = decode_object(body)
-    if not isinstance(data.get("model"), str):
-        raise _bad("model", "model is required")
-    max_tokens = data.get("max_tokens")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise _bad("max_tokens", "max_tokens is required and must be a positive integer")
-    temperature = data.get("temperature")
-    if temperature is not None and (
-        not isinstance(temperature, int | float)
-        or isinstance(temperature, bool)
-        or not 0 <= temperature <= 1
-    ):
-        raise _bad("temperature", "temperature must be a number in [0, 1]")
-    chat: dict[str, Any] = {
-        "model": data["model"],
-        "messages": _messages(data),
-        "max_tokens": max_tokens,
-        "stream": bool(data.get("stream")),
-    }
-    for key in ("temperature", "top_p", "top_k", "seed"):  # seed: ours, for reproducible runs
-        if data.get(key) is not None:
-            chat[key] = data[key]
-    stops = data.get("stop_sequences")
-    if stops:
-        if not isinstance(stops, list) or len(stops) > MAX_STOP:
-            raise _bad("stop_sequences", f"stop_sequences may hold at most {MAX_STOP} strings")
-        chat["stop"] = stops
-    thinking = data.get("thinking")
-    if thinking is not None:  # the template's switch (Qwen3, DeepSeek, ...); see the README
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
-        if kind not in ("enabled", "disabled"):
-            raise _bad("thinking.type", "thinking.type must be 'enabled' or 'disabled'")
-        chat["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
-    tools = data.get("tools")
-    if tools:
-        if not isinstance(tools, list):
-            raise _bad("tools", "tools must be a list")
-        chat["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(tools)]
-    choice, parallel = _tool_choice(data.get("tool_choice"))
-    if choice is not None:
-        chat["tool_choice"] = choice
-    if parallel is not None:
-        chat["parallel_tool_calls"] = parallel
-    return msgspec.json.encode(chat), data
-
-
-def _tool(tool: Any, param: str) -> dict[str, Any]:
-    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
-        raise _bad(param, "each tool needs a name")
-    if tool.get("type") not in (None, "custom"):
-        raise _bad(f"{param}.type", f"tool type {tool.get('type')!r} is not served")
-    fn = {"name": tool["name"], "parameters": tool.get("input_schema") or {"type": "object"}}
-    if tool.get("description"):
-        fn["description"] = tool["description"]
+def _tool(tool: Tool, param: str) -> dict[str, Any]:
+    if tool.type not in (None, "custom"):
+        raise _bad(f"{param}.type", f"tool type {tool.type!r} is not served")
+    fn: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema or {"type": "object"}}
+    if tool.description:
+        fn["description"] = tool.description
     return {"type": "function", "function": fn}
 
 
-def count_tokens_body(body: bytes) -> bytes:
-    """The chat body whose prompt ``/v1/messages/count_tokens`` counts (max_tokens not needed)."""
-    data = decode_object(body)
-    return to_chat_body(msgspec.json.encode({**data, "max_tokens": 1, "stream": False}))[0]
+def parse_messages_request(body: bytes) -> MessagesRequest:
+    return decode_body(body, _decoder, path_style="anthropic")
+
+
+def to_chat_request(req: MessagesRequest) -> ChatCompletionRequest:
+    """The chat completions request a Messages request means (``check_chat_request`` then
+    validates it as any chat request)."""
+    if req.model is None:
+        raise _bad("model", "model is required")
+    if req.max_tokens is None or req.max_tokens < 1:
+        raise _bad("max_tokens", "max_tokens is required and must be a positive integer")
+    if req.temperature is not None and not 0 <= req.temperature <= 1:
+        raise _bad("temperature", "temperature must be a number in [0, 1]")
+    messages = _messages(req)
+    stops = req.stop_sequences or None
+    if stops is not None and len(stops) > MAX_STOP:
+        raise _bad("stop_sequences", f"stop_sequences may hold at most {MAX_STOP} strings")
+    template_kwargs = None
+    if req.thinking is not None:  # the template's switch (Qwen3, DeepSeek, ...); see the README
+        if req.thinking.type not in ("enabled", "disabled"):
+            raise _bad("thinking.type", "thinking.type must be 'enabled' or 'disabled'")
+        template_kwargs = {"enable_thinking": req.thinking.type == "enabled"}
+    tools = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools or ())] or None
+    choice, parallel = _tool_choice(req.tool_choice)
+    return ChatCompletionRequest(
+        model=req.model,
+        messages=messages,
+        max_tokens=req.max_tokens,
+        stream=bool(req.stream),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=stops,
+        chat_template_kwargs=template_kwargs,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+    )
+
+
+def count_tokens_request(body: bytes) -> ChatCompletionRequest:
+    """The chat request whose prompt ``/v1/messages/count_tokens`` counts (no max_tokens)."""
+    req = parse_messages_request(body)
+    return check_chat_request(
+        to_chat_request(msgspec.structs.replace(req, max_tokens=1, stream=False))
+    )
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:
@@ -224,7 +304,7 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 class MessagesShape:
     """A Messages response: the ``message`` object, or its event stream (one choice)."""
 
-    def __init__(self, rid: str, created: int, model: str) -> None:
+    def __init__(self, rid: str, created: int, model: str, prompt_tokens: int = 0) -> None:
         self.id = "msg_" + rid.split("-", 1)[-1]
         self.model = model
         self._block = -1  # index of the open content block
@@ -232,7 +312,7 @@ class MessagesShape:
         self._reason: str | None = None
         self._stop: str | None = None
         self._failed = False
-        self.prompt_tokens = 0
+        self.prompt_tokens = prompt_tokens
 
     def _message(self, content: list[Any], usage: dict[str, Any]) -> dict[str, Any]:
         return {

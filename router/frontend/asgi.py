@@ -1,4 +1,5 @@
-"""Minimal ASGI plumbing: body reading, JSON/SSE responses, disconnect watching.
+"""Minimal ASGI plumbing: one request (``Call``), body reading, JSON/SSE responses, disconnect
+watching.
 
 The frontend is a plain ASGI callable served by uvicorn (httptools + uvloop): no framework sits on
 the hot path, so a streamed request costs one extra task (the disconnect watcher) and nothing else.
@@ -9,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+
+from router.frontend.errors import OpenAIError
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -27,6 +31,30 @@ _SSE_HEADERS = [
 
 class BodyTooLarge(Exception):
     pass
+
+
+@dataclass
+class Call:
+    """One HTTP request as an endpoint sees it."""
+
+    scope: Scope
+    receive: Receive
+    send: Send
+    ctx: dict[str, Any]  # request_id, model, ...: the access log line and the span's attributes
+    traceparent: str  # W3C, for the next hop (the routed requests)
+    started: float  # monotonic, when the request arrived
+    max_body_mb: float
+
+    async def body(self) -> bytes:
+        """The whole body (413 past ``max_body_mb``)."""
+        try:
+            return await read_body(self.receive, int(self.max_body_mb * (1 << 20)))
+        except BodyTooLarge:
+            raise OpenAIError(
+                413,
+                f"Request body larger than {self.max_body_mb:g} MiB",
+                code="request_too_large",
+            ) from None
 
 
 async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes:

@@ -1,4 +1,4 @@
-"""``/v1/embeddings``: the request (OpenAI's shape) and the response. Pure.
+"""``POST /v1/embeddings``: the request (OpenAI's shape), its run, and the response.
 
 ``input`` is a text, a list of texts, a list of token ids, or a list of those lists (at most
 ``MAX_INPUTS``); each becomes one ``Request`` with ``task="embed"``, routed like any request.
@@ -8,14 +8,19 @@ client asks for by default); ``dimensions`` shortens the vector where the model 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
+import time
 from typing import Any, Literal
 
 import msgspec
 
-from router.frontend.openai_protocol import OpenAIError, decode_with
-from router.frontend.responses import encode
+from router.frontend import asgi
+from router.frontend.errors import OpenAIError, decode_body
+from router.frontend.serving import Serving
+from router.frontend.shapes import encode
+from schemas import Request, SamplingParams
 from schemas.discovery import ModelCard
 
 MAX_INPUTS = 2048
@@ -56,7 +61,7 @@ _decoder = msgspec.json.Decoder(EmbeddingRequest)
 
 
 def parse_embedding_request(body: bytes) -> EmbeddingRequest:
-    req: EmbeddingRequest = decode_with(body, _decoder)
+    req = decode_body(body, _decoder)
     if not req.model:
         raise _bad("model must be a non-empty string", "model")
     if req.dimensions is not None and req.dimensions < 1:
@@ -98,3 +103,78 @@ def response_body(
     ]
     usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
     return encode({"object": "list", "data": data, "model": model, "usage": usage})
+
+
+async def serve(call: asgi.Call, serving: Serving) -> None:
+    accepted = time.monotonic()
+    body = await call.body()
+    req = parse_embedding_request(body)
+    served = serving.served(req.model)
+    card = served.card
+    call.ctx["model"] = req.model
+    if "embed" not in card.tasks:
+        raise _bad(
+            f"The model `{req.model}` does not serve embeddings (its workers serve "
+            f"{', '.join(card.tasks)}).",
+            "model",
+        )
+    if req.dimensions is not None:
+        embedding_dimensions_check(card, req.model, req.dimensions)
+    prompts = await asyncio.gather(
+        *(serving.prompts.embedding_input(served, item, len(body)) for item in req.inputs())
+    )
+    rid = f"embd-{call.ctx['request_id']}"
+    now = time.time()
+    requests = [
+        Request(
+            request_id=rid if len(prompts) == 1 else f"{rid}-{i}",
+            model=req.model,
+            token_ids=tuple(prompt),
+            sampling=SamplingParams(max_tokens=1),
+            created_at_s=now,
+            detokenize=False,
+            task="embed",
+            dimensions=req.dimensions,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    total = sum(len(p) for p in prompts)
+    call.ctx.update(request_id=rid, prompt_tokens=total)
+    gens = await serving.submit(req.model, rid, requests, card.block_size, call.traceparent)
+    status = "ok"
+    vectors: list[tuple[float, ...]] = []
+    error: str | None = None
+    try:
+        async with asgi.DisconnectWatcher(call.receive):
+            for gen in gens:
+                async for chunk in gen:
+                    if chunk.finish_reason is None:
+                        continue
+                    if chunk.embedding is None:
+                        error = (
+                            chunk.error
+                            or f"the worker returned no embedding ({chunk.finish_reason})"
+                        )
+                    else:
+                        vectors.append(chunk.embedding)
+                if error:
+                    break
+    except asyncio.CancelledError:
+        status = "cancelled"
+        for g in gens:
+            await g.cancel()
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+    finally:
+        status = "error" if error and status == "ok" else status
+        serving.metrics.requests.labels(req.model, "embeddings", status).inc()
+        call.ctx.update(outcome=status, worker_id=",".join(g.worker_id for g in gens))
+        await serving.observer.embedded(req.model, gens, accepted, status, error)
+    if status == "cancelled":
+        return
+    if error:
+        raise OpenAIError(500, error, type="server_error")
+    await asgi.send_json(
+        call.send, 200, response_body(req.model, vectors, req.encoding_format, total)
+    )

@@ -7,6 +7,7 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from router.disagg import Placement
 from schemas import RouteDecision
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -119,6 +120,10 @@ class FrontendMetrics:
             buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
             registry=registry,
         )
+
+    def count_placement(self, model: str, placement: Placement) -> None:
+        where = "remote" if placement.remote else "local"
+        self.disagg.labels(model, where, placement.reason).inc()
 
     def observe_route(self, decision: RouteDecision, prompt_tokens: int, block_size: int) -> None:
         self.route_decision.labels(decision.policy).observe(decision.decision_us / 1e6)

@@ -1,69 +1,30 @@
-"""OpenAI request bodies: parsing (msgspec), validation, and OpenAI-style errors.
+"""OpenAI request bodies (chat completions, completions): typed structs and their validation.
 
-Parsing is typed (msgspec): a wrong type names the field (``$.temperature`` -> param
-``temperature``, ``$.messages[0].role`` -> ``messages[0].role``). Ranges are checked after
-parsing. Every failure is an ``OpenAIError`` carrying the HTTP status and the ``{"error": {message,
-type, param, code}}`` body OpenAI clients expect. Unknown fields are ignored, as vLLM's server
-does (OpenAI's own refuses them); known fields the fleet cannot honour (``logit_bias``,
-``best_of``, ``suffix``, non-text content parts, audio output, ``prediction``,
+Parsing is typed (msgspec, ``errors.decode_body``): a wrong type names the field. Ranges are
+checked after parsing. Every failure is an ``OpenAIError`` (``errors.py``). Unknown fields are
+ignored, as vLLM's server does (OpenAI's own refuses them); known fields the fleet cannot honour
+(``logit_bias``, ``best_of``, ``suffix``, non-text content parts, audio output, ``prediction``,
 ``web_search_options``) are refused with 400 when set to anything but their default, never
-silently ignored. Most optional
-fields also accept ``null`` (some clients send every field).
+silently ignored. Most optional fields also accept ``null`` (some clients send every field).
 
-Structured output comes as OpenAI's ``response_format`` (``json_object``, ``json_schema``) or as
-vLLM's extras (``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``,
-``structured_outputs``); at most one constraint per request.
-
-No HTTP code here: the frontend calls ``parse_*_request`` then ``*_generation_params``, and
-``resolve_max_tokens`` once the prompt is tokenized.
+No HTTP code here: the frontend calls ``parse_*_request``, then ``*_generation_params`` and,
+once the prompt is tokenized, ``resolve_max_tokens`` (``params.py``).
 """
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
-from router.frontend.tools import ToolChoiceError, ToolPlan, plan_tools
-from schemas.requests import StructuredOutput
+from router.frontend.errors import bad, decode_body, refuse
+from router.frontend.params import chat_generation_params, completion_generation_params, stops
 
-_json_encode = msgspec.json.Encoder().encode
-_AT_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
-_MISSING = re.compile(r"missing required field `(?P<field>\w+)`")
 _INT64 = 2**63
 MAX_N = 16
 MAX_STOP = 4
 MAX_LOGPROBS = 20
-
-
-class OpenAIError(Exception):
-    """A failed request: HTTP ``status`` plus OpenAI's error object."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type  # invalid_request_error | not_found_error | server_error | ...
-        self.param = param  # the offending field, e.g. "temperature" or "messages[0].role"
-        self.code = code  # e.g. "context_length_exceeded"
-
-    def body(self) -> bytes:
-        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
-        return _json_encode({"error": error})
-
-
-def _bad(param: str | None, message: str) -> OpenAIError:
-    return OpenAIError(400, message, param=param)
 
 
 # ---- request structs -------------------------------------------------------------------------
@@ -169,7 +130,7 @@ class CompletionRequest(_Common):
         value = self.prompt_embeds
         if isinstance(value, list):
             if len(value) != 1:
-                raise _bad("prompt_embeds", "prompt_embeds must hold exactly one tensor")
+                raise bad("prompt_embeds", "prompt_embeds must hold exactly one tensor")
             value = value[0]
         return value
 
@@ -177,15 +138,15 @@ class CompletionRequest(_Common):
         """The single prompt: text or token ids (``OpenAIError`` for batches)."""
         value = _single_prompt(self.prompt)
         if value is None:
-            raise _bad(
+            raise bad(
                 "prompt",
                 "prompt must be a string, a list of token ids, or a list with exactly one of "
                 "those (batched prompts are not supported)",
             )
         if not value:
-            raise _bad("prompt", "prompt must not be empty")
+            raise bad("prompt", "prompt must not be empty")
         if isinstance(value, list) and any(t < 0 or t >= _INT64 for t in value):
-            raise _bad("prompt", "prompt token ids must be non-negative")
+            raise bad("prompt", "prompt token ids must be non-negative")
         return value
 
 
@@ -237,196 +198,6 @@ def _content_text(content: str | list[TextPart] | None) -> str:
     return "".join(part.text for part in content)
 
 
-# ---- resolved parameters ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GenerationParams:
-    """What the engine is asked to do, defaults resolved."""
-
-    max_tokens: int | None  # None: up to the context length (see resolve_max_tokens)
-    temperature: float
-    top_p: float
-    seed: int | None
-    n: int  # choices per request
-    stop: tuple[str, ...]  # stop strings, applied by the frontend
-    ignore_eos: bool
-    min_tokens: int
-    top_k: int  # 0 = off
-    min_p: float
-    presence_penalty: float
-    frequency_penalty: float
-    repetition_penalty: float
-    stream: bool
-    include_usage: bool  # final usage chunk when streaming
-    logprobs: int | None = None  # top-k per generated token; None: not asked
-    prompt_logprobs: int | None = None  # completions with echo and logprobs
-    echo: bool = False
-    structured: StructuredOutput | None = None
-    tools: ToolPlan | None = None
-
-
-def chat_max_tokens(req: ChatCompletionRequest) -> int | None:
-    return req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-
-
-def chat_generation_params(req: ChatCompletionRequest) -> GenerationParams:
-    plan = _tool_plan(req)
-    structured = _structured(req)
-    tool_constraint = plan.constraint()
-    if tool_constraint is not None:
-        if structured is not None:
-            raise _bad(
-                "response_format",
-                "response_format cannot be combined with tool_choice "
-                f"'{plan.mode}' (the call is the constrained output)",
-            )
-        structured = tool_constraint
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _params(req, chat_max_tokens(req), logprobs=logprobs, structured=structured, tools=plan)
-
-
-def completion_generation_params(req: CompletionRequest) -> GenerationParams:
-    echo = bool(req.echo)
-    return _params(
-        req,
-        req.max_tokens,
-        logprobs=req.logprobs,
-        prompt_logprobs=req.logprobs if echo else None,
-        echo=echo,
-        structured=_structured(req),
-    )
-
-
-def _tool_plan(req: ChatCompletionRequest) -> ToolPlan:
-    try:
-        return plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-    except ToolChoiceError as exc:
-        raise _bad(exc.param, str(exc)) from None
-
-
-def _structured(req: _Common) -> StructuredOutput | None:
-    """The one constraint the request sets (``response_format`` or a vLLM extra), or None."""
-    found: list[tuple[str, StructuredOutput]] = []
-    rf = req.response_format
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind == "json_object":
-            found.append(("response_format", StructuredOutput(json_object=True)))
-        elif kind == "json_schema":
-            spec = rf.get("json_schema")
-            schema = spec.get("schema") if isinstance(spec, dict) else None
-            if not isinstance(schema, dict):
-                raise _bad(
-                    "response_format.json_schema.schema", "json_schema needs a 'schema' object"
-                )
-            found.append(("response_format", StructuredOutput(json_schema=json.dumps(schema))))
-        elif kind != "text":
-            raise _bad(
-                "response_format.type",
-                "response_format.type must be 'text', 'json_object' or 'json_schema'",
-            )
-    if req.guided_json is not None:
-        found.append(("guided_json", StructuredOutput(json_schema=_schema_text(req.guided_json))))
-    if req.guided_regex is not None:
-        found.append(("guided_regex", StructuredOutput(regex=req.guided_regex)))
-    if req.guided_choice is not None:
-        found.append(("guided_choice", _choice(req.guided_choice, "guided_choice")))
-    if req.guided_grammar is not None:
-        found.append(("guided_grammar", StructuredOutput(grammar=req.guided_grammar)))
-    if req.structured_outputs:
-        found.append(("structured_outputs", _vllm_structured(req.structured_outputs)))
-    if len(found) > 1:
-        raise _bad(found[1][0], f"only one of {', '.join(n for n, _ in found)} may be set")
-    return found[0][1] if found else None
-
-
-def _schema_text(schema: Any, param: str = "guided_json") -> str:
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError:
-            raise _bad(param, f"{param} is not valid JSON") from None
-    if not isinstance(schema, dict):
-        raise _bad(param, f"{param} must be a JSON schema object")
-    return json.dumps(schema)
-
-
-def _choice(options: Any, param: str) -> StructuredOutput:
-    if not isinstance(options, list) or not options:
-        raise _bad(param, f"{param} must be a non-empty list of strings")
-    if not all(isinstance(o, str) and o for o in options):
-        raise _bad(param, f"{param} must hold non-empty strings")
-    return StructuredOutput(choice=tuple(options))
-
-
-def _vllm_structured(spec: dict[str, Any]) -> StructuredOutput:
-    keys = [k for k in ("json", "regex", "choice", "grammar", "json_object") if spec.get(k)]
-    if len(keys) != 1:
-        raise _bad(
-            "structured_outputs",
-            "structured_outputs must set exactly one of json, regex, choice, grammar, json_object",
-        )
-    key, value = keys[0], spec[keys[0]]
-    param = f"structured_outputs.{key}"
-    if key == "json":
-        return StructuredOutput(json_schema=_schema_text(value, param))
-    if key == "choice":
-        return _choice(value, param)
-    if key == "json_object":
-        return StructuredOutput(json_object=True)
-    if not isinstance(value, str):
-        raise _bad(param, f"{param} must be a string")
-    return StructuredOutput(regex=value) if key == "regex" else StructuredOutput(grammar=value)
-
-
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
-def _params(req: _Common, max_tokens: int | None, **extra: Any) -> GenerationParams:
-    return GenerationParams(
-        max_tokens=max_tokens,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        seed=req.seed,
-        n=req.n or 1,
-        stop=_stops(req.stop),
-        ignore_eos=bool(req.ignore_eos),
-        min_tokens=req.min_tokens or 0,
-        top_k=max(req.top_k or 0, 0),
-        min_p=req.min_p or 0.0,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
-        stream=bool(req.stream),
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        **extra,
-    )
-
-
-def resolve_max_tokens(
-    requested: int | None, prompt_len: int, context_length: int, prompt_param: str = "messages"
-) -> int:
-    """Completion budget: ``requested``, or what the context leaves; 400 if it does not fit."""
-    if prompt_len < context_length and (
-        requested is None or prompt_len + requested <= context_length
-    ):
-        return requested if requested is not None else context_length - prompt_len
-    completion = requested or 0
-    raise OpenAIError(
-        400,
-        f"This model's maximum context length is {context_length} tokens. However, you "
-        f"requested {prompt_len + completion} tokens ({prompt_len} in the messages, "
-        f"{completion} in the completion). Please reduce the length of the messages or "
-        "completion.",
-        param=prompt_param if requested is None or prompt_len >= context_length else "max_tokens",
-        code="context_length_exceeded",
-    )
-
-
 # ---- parsing and validation ------------------------------------------------------------------
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -436,20 +207,24 @@ _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """Decode and validate a ``/v1/chat/completions`` body."""
-    req: ChatCompletionRequest = _decode(body, _chat_decoder)
+    return check_chat_request(decode_body(body, _chat_decoder))
+
+
+def check_chat_request(req: ChatCompletionRequest) -> ChatCompletionRequest:
+    """Validate a chat request, decoded or translated from another API's body."""
     _check_messages(req.messages)
     _check_common(req)
     _check_max_tokens("max_completion_tokens", req.max_completion_tokens)
     if req.top_logprobs is not None:
         if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
-            raise _bad("top_logprobs", f"top_logprobs must be in [0, {MAX_LOGPROBS}]")
+            raise bad("top_logprobs", f"top_logprobs must be in [0, {MAX_LOGPROBS}]")
         if req.top_logprobs and not req.logprobs:
-            raise _bad("top_logprobs", "top_logprobs needs logprobs set to true")
+            raise bad("top_logprobs", "top_logprobs needs logprobs set to true")
     if req.reasoning_effort is not None and req.reasoning_effort not in REASONING_EFFORTS:
-        raise _bad(
+        raise bad(
             "reasoning_effort", f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}"
         )
-    _refuse(
+    refuse(
         req,
         {
             "modalities": (None, ["text"]),
@@ -464,81 +239,34 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
 
 def parse_completion_request(body: bytes) -> CompletionRequest:
     """Decode and validate a ``/v1/completions`` body."""
-    req: CompletionRequest = _decode(body, _completion_decoder)
+    req = decode_body(body, _completion_decoder)
     if req.prompt_embeds is not None:
         req.prompt_embeds_value()
         if req.prompt is not None:
-            raise _bad("prompt", "send either prompt or prompt_embeds, not both")
+            raise bad("prompt", "send either prompt or prompt_embeds, not both")
         if req.echo:
-            raise _bad("echo", "echo is not supported with prompt_embeds (there is no text)")
+            raise bad("echo", "echo is not supported with prompt_embeds (there is no text)")
     elif req.prompt is None:
-        raise _bad("prompt", "Missing required parameter: 'prompt'.")
+        raise bad("prompt", "Missing required parameter: 'prompt'.")
     else:
         req.prompt_value()
     _check_common(req)
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
-        raise _bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}]")
-    _refuse(req, {"suffix": (None, "")})
+        raise bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}]")
+    refuse(req, {"suffix": (None, "")})
     completion_generation_params(req)  # the constraint is checked here
     return req
 
 
-def decode_with(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
-    """A body decoded by ``decoder``, every failure an ``OpenAIError`` naming the field."""
-    return _decode(body, decoder)
-
-
-def decode_object(body: bytes) -> dict[str, Any]:
-    """A body that must be a JSON object, as a dict (the other APIs' bodies)."""
-    data = _decode(body, _object_decoder)
-    if not isinstance(data, dict):
-        raise _bad(None, "Request body must be a JSON object.")
-    return data
-
-
-_object_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
-
-
-def _decode(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
-    if not body.strip():
-        raise _bad(None, "Request body is empty; expected a JSON object.")
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise _bad(None, f"Request body is not valid JSON: {exc}") from None
-    except UnicodeDecodeError:
-        raise _bad(None, "Request body is not valid UTF-8.") from None
-    except RecursionError:
-        raise _bad(None, "Request body nests too deeply.") from None
-
-
-def _validation_error(text: str) -> OpenAIError:
-    """msgspec's ``Expected `int`, got `str` - at `$.n``` -> 400 with param ``n``."""
-    at = _AT_PATH.search(text)
-    path = at.group("path") if at else ""
-    detail = text[: at.start()] if at else text
-    missing = _MISSING.search(detail)
-    if missing:
-        param = f"{path}.{missing.group('field')}" if path else missing.group("field")
-        return _bad(param, f"Missing required parameter: '{param}'.")
-    if not path:
-        if detail.startswith("Expected `object`"):
-            return _bad(None, "Request body must be a JSON object.")
-        return _bad(None, f"Invalid request body: {detail}")
-    return _bad(path, f"Invalid value for '{path}': {detail}.")
-
-
 def _check_messages(messages: list[ChatMessage]) -> None:
     if not messages:
-        raise _bad("messages", "messages must be a non-empty list")
+        raise bad("messages", "messages must be a non-empty list")
     for i, m in enumerate(messages):
         if m.content is None and m.role != "assistant":
-            raise _bad(f"messages[{i}].content", f"content is required for role '{m.role}'")
+            raise bad(f"messages[{i}].content", f"content is required for role '{m.role}'")
         for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
             if part.type != "text":
-                raise _bad(
+                raise bad(
                     f"messages[{i}].content[{j}].type",
                     f"content part type '{part.type}' is not supported (text only)",
                 )
@@ -546,7 +274,7 @@ def _check_messages(messages: list[ChatMessage]) -> None:
 
 def _check_max_tokens(param: str, value: int | None) -> None:
     if value is not None and value < 1:
-        raise _bad(param, f"{param} must be at least 1, got {value}")
+        raise bad(param, f"{param} must be at least 1, got {value}")
 
 
 def _check_range(req: _Common, name: str, low: float, high: float, low_open: bool = False) -> None:
@@ -555,47 +283,39 @@ def _check_range(req: _Common, name: str, low: float, high: float, low_open: boo
         return
     if value > high or value < low or (low_open and value == low):
         interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-        raise _bad(name, f"{name} must be in {interval}, got {value}")
+        raise bad(name, f"{name} must be in {interval}, got {value}")
 
 
 def _check_common(req: _Common) -> None:
     if not req.model:
-        raise _bad("model", "model must be a non-empty string")
+        raise bad("model", "model must be a non-empty string")
     _check_max_tokens("max_tokens", req.max_tokens)
     _check_range(req, "temperature", 0, 2)
     _check_range(req, "top_p", 0, 1, low_open=True)
     _check_range(req, "n", 1, MAX_N)
     if req.min_tokens is not None and req.min_tokens < 0:
-        raise _bad("min_tokens", f"min_tokens must be >= 0, got {req.min_tokens}")
+        raise bad("min_tokens", f"min_tokens must be >= 0, got {req.min_tokens}")
     if req.seed is not None and not -_INT64 <= req.seed < _INT64:
-        raise _bad("seed", "seed must fit in a signed 64-bit integer")
+        raise bad("seed", "seed must fit in a signed 64-bit integer")
     _check_range(req, "presence_penalty", -2, 2)
     _check_range(req, "frequency_penalty", -2, 2)
     if req.top_k is not None and req.top_k < -1:
-        raise _bad("top_k", f"top_k must be -1, 0 (off) or at least 1, got {req.top_k}")
+        raise bad("top_k", f"top_k must be -1, 0 (off) or at least 1, got {req.top_k}")
     _check_range(req, "min_p", 0, 1)
     if req.repetition_penalty is not None and not req.repetition_penalty > 0:
-        raise _bad(
+        raise bad(
             "repetition_penalty",
             f"repetition_penalty must be greater than zero, got {req.repetition_penalty}",
         )
     _check_stop(req.stop)
     if req.stream_options is not None and not req.stream:
-        raise _bad("stream_options", "stream_options is only allowed when stream is true")
-    _refuse(req, {"logit_bias": (None, {}), "best_of": (None, 1)})
+        raise bad("stream_options", "stream_options is only allowed when stream is true")
+    refuse(req, {"logit_bias": (None, {}), "best_of": (None, 1)})
 
 
 def _check_stop(stop: str | list[str] | None) -> None:
-    stops = _stops(stop)
-    if len(stops) > MAX_STOP:
-        raise _bad("stop", f"stop may hold at most {MAX_STOP} strings, got {len(stops)}")
-    if any(not s for s in stops):
-        raise _bad("stop", "stop strings must be non-empty")
-
-
-def _refuse(req: msgspec.Struct, allowed: dict[str, tuple[Any, ...]]) -> None:
-    """400 "not supported" for each field set to something outside its allowed values."""
-    for name, values in allowed.items():
-        value = getattr(req, name)
-        if not any(value == v and type(value) is type(v) for v in values):
-            raise _bad(name, f"{name} is not supported by this server")
+    given = stops(stop)
+    if len(given) > MAX_STOP:
+        raise bad("stop", f"stop may hold at most {MAX_STOP} strings, got {len(given)}")
+    if any(not s for s in given):
+        raise bad("stop", "stop strings must be non-empty")

@@ -15,28 +15,18 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from base.tracing import Tracing
-from router.client import ClientConfig
-from router.disagg import DisaggConfig
-from router.frontend.app import Frontend, FrontendConfig
+from router.frontend.http import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
-from router.kv.router import KvRouterConfig
 from router.stack import RoutingStack, StackConfig
-from schemas import Subjects
 
 log = structlog.get_logger("jetfleet.frontend")
 
 
 @dataclass(frozen=True)
 class FrontendServiceConfig:
-    nats_url: str
+    stack: StackConfig
     host: str = "127.0.0.1"
     port: int = 8000
-    router: str = "kv"
-    redis_url: str | None = None
-    kv: KvRouterConfig = field(default_factory=KvRouterConfig)
-    subjects: Subjects = field(default_factory=Subjects)
-    client: ClientConfig = field(default_factory=ClientConfig)
-    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     http: FrontendConfig = field(default_factory=FrontendConfig)
     frontend_id: str = field(default_factory=lambda: f"fe-{uuid.uuid4().hex[:8]}")
     keep_alive_s: float = 620.0
@@ -83,21 +73,16 @@ class _Server(uvicorn.Server):
 
 async def run_frontend(cfg: FrontendServiceConfig) -> None:
     tracing = Tracing("jetfleet-frontend", cfg.frontend_id)  # OTLP export if configured
-    stack = await RoutingStack.open(
-        StackConfig(
-            cfg.nats_url, cfg.subjects, cfg.router, cfg.redis_url, cfg.kv, cfg.client, cfg.disagg
-        ),
-        name=cfg.frontend_id,
-    )
+    metrics = FrontendMetrics(CollectorRegistry())
+    stack = await RoutingStack.open(cfg.stack, cfg.frontend_id, metrics.count_placement)
     app = Frontend(
         cfg.http,
-        stack.nc,
         stack.discovery,
         stack.client,
-        FrontendMetrics(CollectorRegistry()),
+        metrics,
         cfg.frontend_id,
         # /ready needs Redis only where routing cannot go on without it
-        stack.redis if cfg.router == "kv" and not cfg.kv.redis_fallback else None,
+        stack.redis if cfg.stack.routes_only_with_redis else None,
         tracing,
     )
     sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)
@@ -118,7 +103,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     log.info(
         "frontend_listening",
         url=f"http://{cfg.host}:{sock.getsockname()[1]}/v1",
-        router=cfg.router,
+        router=cfg.stack.router,
         frontend_id=cfg.frontend_id,
     )
     try:

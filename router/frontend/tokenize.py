@@ -57,7 +57,7 @@ class PromptTooLong(ValueError):
 @dataclass(frozen=True)
 class TokenizeConfig:
     cache_tokens: int = 4_000_000
-    """Tokens the prefix cache keeps per model (4 bytes each; 0: no cache)."""
+    """Prompt tokens the prefix cache keeps per model, 4 bytes each (0: no cache)."""
     short_bytes: int = 16384
     """Requests with a smaller body use the short lane (never queued behind long prompts)."""
     inline_bytes: int = 8192

@@ -3,11 +3,13 @@
 ``kv`` — one Redis round trip per request (``PrefixIndex.route``): the request's chained block
 hashes are matched against every candidate, each candidate is scored with
 
-    cost = prefill_weight * max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
+    cost = prefill_weight * (max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
+                             + prefill_overhead_blocks)
            + active_decode_blocks + new_blocks
 
 and the lowest cost wins (ties at random; with ``temperature > 0`` a softmax sample over
-``-cost / temperature``). ``active_*`` is the larger of the reservations every router holds on the
+``-cost / temperature``); the rule itself is ``router/kv/routing.py: route_cost``, which the Lua
+``route`` script mirrors. ``active_*`` is the larger of the reservations every router holds on the
 worker (Redis, visible to all frontends) and the worker's own last ``WorkerLoad`` report
 (``active_prefill_tokens / block_size``, ``active_decode_blocks``). The winner's predicted load is
 reserved in the same step; the prefill part is released at the first token, the rest when the

@@ -34,8 +34,7 @@ async def test_a_tokenizer_whose_chunks_were_purged_is_read_again(nc, subjects):
     models = await js.key_value(subjects.bucket_name(MODELS_BUCKET))
     await models.put(model_token(local.name), encode(to_model_card(local, name)))
 
-    discovery = Discovery(nc, subjects, FleetState())
-    discovery.tokenizer_read_timeout_s = 0.5
+    discovery = Discovery(nc, subjects, FleetState(), tokenizer_read_timeout_s=0.5)
     started = asyncio.create_task(discovery.start())
     try:
         # the first read waits on the purged chunks (its consumer is there); then the worker's

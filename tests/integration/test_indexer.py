@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -52,8 +53,8 @@ async def rig(nc, nats_url, redis_url, subjects):
     redis = await connect_redis(redis_url)
     cfg = IndexerConfig(nats_url, redis_url, subjects, batch_max=8, leader_ttl_ms=1500)
 
-    def make() -> Indexer:
-        return Indexer(cfg, nc, redis, IndexerMetrics(CollectorRegistry()))
+    def make(live_workers: Callable[[], set[str] | None] = lambda: None) -> Indexer:
+        return Indexer(cfg, nc, redis, IndexerMetrics(CollectorRegistry()), live_workers)
 
     yield make
     async for key in redis.scan_iter(match=f"jf:{subjects.prefix}:*"):
@@ -201,9 +202,8 @@ async def test_workers_that_left_while_no_indexer_ran_are_dropped_once_caught_up
     batches = mocker_event_batches(workers=3, requests=30, seed=9)
     workers = sorted({b.worker_id for b in batches})
     last = await publish_all(nc, subjects, batches)
-    indexer = rig()
-    live: set[str] | None = None
-    indexer.live_workers = lambda: live  # discovery not read yet: nothing is dropped
+    live: set[str] | None = None  # discovery not read yet: nothing is dropped
+    indexer = rig(lambda: live)
     run = Running(indexer)
     await wait_for(lambda: indexer.applied >= last, timeout=20)
     assert await indexer.index.workers("m") == set(workers)

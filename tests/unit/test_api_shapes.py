@@ -6,15 +6,40 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
 from router.frontend import anthropic, responses_api
-from router.frontend.openai_protocol import OpenAIError
+from router.frontend.errors import OpenAIError
+from router.frontend.openai_protocol import ChatCompletionRequest
 from router.frontend.output import Delta, OutCall
-from router.frontend.responses import FullChoice, usage_body
+from router.frontend.responses_api import ResponsesRequest
+from router.frontend.responses_shape import ResponsesShape
+from router.frontend.shapes import FullChoice, usage_body
 
 USAGE = usage_body(prompt_tokens=10, completion_tokens=4, cached_tokens=3)
 CALL = OutCall(0, "call_abc", "search", '{"q": "x"}')
+
+
+def given(value: Any) -> Any:
+    """A request as plain data, the fields it leaves unset (None) left out."""
+    if isinstance(value, msgspec.Struct):
+        value = msgspec.to_builtins(value)
+    if isinstance(value, dict):
+        return {k: given(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [given(v) for v in value]
+    return value
+
+
+def messages_chat(body: dict[str, Any]) -> ChatCompletionRequest:
+    return anthropic.to_chat_request(anthropic.parse_messages_request(json.dumps(body).encode()))
+
+
+def responses_chat(body: dict[str, Any]) -> ChatCompletionRequest:
+    return responses_api.to_chat_request(
+        responses_api.parse_responses_request(json.dumps(body).encode())
+    )
 
 
 def events(stream: bytes) -> list[tuple[str, dict[str, Any]]]:
@@ -65,9 +90,10 @@ def test_a_messages_body_means_this_chat_request() -> None:
         "temperature": 0.5,
         "stream": True,
     }
-    chat, original = anthropic.to_chat_body(json.dumps(body).encode())
-    assert original == body
-    assert json.loads(chat) == {
+    original = anthropic.parse_messages_request(json.dumps(body).encode())
+    assert (original.model, original.max_tokens, original.stop_sequences) == ("m", 9, ["END"])
+    chat = anthropic.to_chat_request(original)
+    assert given(chat) == {
         "model": "m",
         "max_tokens": 9,
         "stream": True,
@@ -173,7 +199,7 @@ def test_a_messages_body_means_this_chat_request() -> None:
 )
 def test_bad_messages_bodies_name_the_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(OpenAIError) as err:
-        anthropic.to_chat_body(json.dumps(body).encode())
+        messages_chat(body)
     assert err.value.status == 400 and err.value.param == param
     assert json.loads(anthropic.error_body(err.value))["error"]["type"] == "invalid_request_error"
 
@@ -262,8 +288,7 @@ def test_a_responses_body_means_this_chat_request() -> None:
         "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
         "store": True,
     }
-    chat, _ = responses_api.to_chat_body(json.dumps(body).encode())
-    got = json.loads(chat)
+    got = given(responses_chat(body))
     assert got["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Find it."},
@@ -304,12 +329,12 @@ def test_a_responses_body_means_this_chat_request() -> None:
 )
 def test_bad_responses_bodies_name_the_field(body: dict[str, Any], param: str) -> None:
     with pytest.raises(OpenAIError) as err:
-        responses_api.to_chat_body(json.dumps(body).encode())
+        responses_chat(body)
     assert err.value.status == 400 and err.value.param == param
 
 
 def test_a_streamed_response_builds_its_items_in_order() -> None:
-    shape = responses_api.ResponsesShape("resp-r1", 5, "m", {"max_output_tokens": 9})
+    shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest(max_output_tokens=9))
     stream = shape.start(1)
     stream += shape.delta_chunk(0, Delta(reasoning="think"), None)
     stream += shape.delta_chunk(0, Delta(content="Hi"), None, [{"token": "Hi", "logprob": -1.0}])
@@ -347,7 +372,7 @@ def test_a_streamed_response_builds_its_items_in_order() -> None:
 
 
 def test_a_whole_response_cut_by_length_is_incomplete() -> None:
-    shape = responses_api.ResponsesShape("resp-r1", 5, "m", {})
+    shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest())
     shape.finish("length", None)
     body = json.loads(shape.full([FullChoice("Hi", "length", "why")], USAGE))
     assert body["status"] == "incomplete"
@@ -359,7 +384,7 @@ def test_a_whole_response_cut_by_length_is_incomplete() -> None:
 def test_logprobs_of_held_back_text_reach_the_message_with_the_text() -> None:
     """A parser may hold a token's text back (a possible marker): its logprobs go out with the
     text when it comes, never dropped."""
-    shape = responses_api.ResponsesShape("resp-r1", 5, "m", {})
+    shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest())
     stream = shape.start(1)
     stream += shape.delta_chunk(0, Delta(), None, [{"token": "<", "logprob": -0.5}])
     stream += shape.delta_chunk(0, Delta(content="<b"), None, [{"token": "b", "logprob": -0.1}])
@@ -425,12 +450,12 @@ def test_a_streamed_response_is_the_whole_one_and_every_event_is_typed(answer) -
     from pydantic import TypeAdapter
 
     adapter = TypeAdapter(ResponseStreamEvent)
-    got = events(_streamed(responses_api.ResponsesShape("resp-r1", 5, "m", {}), answer))
+    got = events(_streamed(ResponsesShape("resp-r1", 5, "m", ResponsesRequest()), answer))
     for _, e in got:
         adapter.validate_python(e, strict=True)
     streamed = got[-1][1]["response"]
     Response.model_validate(streamed, strict=True)
-    whole_shape = responses_api.ResponsesShape("resp-r1", 5, "m", {})
+    whole_shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest())
     whole_shape.finish(answer.reason, None)
     whole = json.loads(
         whole_shape.full([FullChoice(**{**answer.__dict__, "logprobs": None})], USAGE)
@@ -450,9 +475,7 @@ def test_thinking_and_reasoning_switches_reach_the_chat_request() -> None:
     msg = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
     for kind, on in (("enabled", True), ("disabled", False)):
         body = msg | {"thinking": {"type": kind, "budget_tokens": 1024}}
-        chat, _ = anthropic.to_chat_body(json.dumps(body).encode())
-        assert json.loads(chat)["chat_template_kwargs"] == {"enable_thinking": on}
+        assert messages_chat(body).chat_template_kwargs == {"enable_thinking": on}
     resp = {"model": "m", "input": "x", "reasoning": {"effort": "low", "summary": "auto"}}
     resp |= {"include": ["message.output_text.logprobs"], "truncation": "disabled"}
-    chat, _ = responses_api.to_chat_body(json.dumps(resp).encode())
-    assert json.loads(chat)["reasoning_effort"] == "low"
+    assert responses_chat(resp).reasoning_effort == "low"

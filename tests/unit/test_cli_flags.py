@@ -15,6 +15,7 @@ from infra.cli.components import (
     INDEXER,
     KV,
     MOCKER,
+    TOKENIZE,
     VLLM,
     WORKER,
     engine_argv,
@@ -93,6 +94,16 @@ def test_the_block_size_defaults_by_engine_and_vllm_flags_reach_its_workers() ->
 def test_repeatable_flags_become_tuples() -> None:
     fe = parse("frontend", "--api-key", "a", "--api-key", "b")
     assert FRONTEND.build(fe).api_keys == ("a", "b")
+
+
+def test_the_tokenizer_cache_flag_reaches_the_frontend_config_and_child_processes() -> None:
+    from infra.cli.serve import frontend_argv
+
+    fe = parse("frontend", "--tokenizer-cache-tokens", "1000")
+    assert TOKENIZE.build(fe).cache_tokens == 1000
+    assert TOKENIZE.build(parse("frontend")).cache_tokens == 4_000_000
+    child = parse("frontend", *frontend_argv(fe))
+    assert TOKENIZE.build(child) == TOKENIZE.build(fe)
 
 
 def test_help_shows_each_flags_default_and_doc(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,6 @@ decodes since short traffic may run there (``local_on_prefill_workers``)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 from unittest.mock import MagicMock
 
@@ -49,8 +48,9 @@ def _client(loads: dict[str, tuple[int, int]]) -> DisaggClient:
 
 
 def _prefills(c: DisaggClient, worker_id: str, n: int) -> None:
-    for i in range(n):
-        c.prefill.active[f"{worker_id}-{i}"] = SimpleNamespace(worker_id=worker_id)  # type: ignore[assignment]
+    """``n`` remote prefills in flight on ``worker_id``, as the prefill client counts them."""
+    for _ in range(n):
+        c.prefill.moved("", worker_id)
 
 
 def test_whole_requests_decoding_on_prefill_workers_do_not_saturate_the_pool() -> None:
@@ -86,7 +86,7 @@ async def test_a_generate_cancelled_while_publishing_leaves_nothing_behind() -> 
     sub = MagicMock()
     sub.unsubscribe = AsyncMock()
     c.decode.nc.subscribe = AsyncMock(return_value=sub)
-    c.decode._publish = AsyncMock(side_effect=asyncio.CancelledError())  # type: ignore[method-assign]
+    c.decode.publish = AsyncMock(side_effect=asyncio.CancelledError())  # type: ignore[method-assign]
     decision = RouteDecision("kv", "d")
     with pytest.raises(asyncio.CancelledError):
         await c.decode.generate(LONG, routed=("t.req.m.w.d", decision))

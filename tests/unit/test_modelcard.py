@@ -156,7 +156,7 @@ def test_local_model_is_frozen() -> None:
 def test_matryoshka_dimensions_as_vllm_reads_them() -> None:
     from model.card import matryoshka_dimensions
     from router.frontend.embeddings import embedding_dimensions_check
-    from router.frontend.openai_protocol import OpenAIError
+    from router.frontend.errors import OpenAIError
     from schemas import ModelCard
 
     assert matryoshka_dimensions({}) is None

@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import pytest
 
-from router.frontend.openai_protocol import (
+from router.frontend.errors import OpenAIError
+from router.frontend.openai_protocol import parse_chat_request, parse_completion_request
+from router.frontend.params import (
     GenerationParams,
-    OpenAIError,
     chat_generation_params,
     completion_generation_params,
-    parse_chat_request,
-    parse_completion_request,
     resolve_max_tokens,
 )
 from router.frontend.tools import ToolPlan
-from schemas import StructuredOutput
+from schemas import SamplingParams, StructuredOutput
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -269,23 +269,26 @@ def test_error_body_is_openai_shaped() -> None:
 def test_chat_params_resolve_defaults() -> None:
     params = chat_generation_params(parse_chat_request(chat()))
     assert params == GenerationParams(
-        max_tokens=None,
-        temperature=1.0,
-        top_p=1.0,
-        seed=None,
+        SamplingParams(
+            max_tokens=0,  # none given
+            temperature=1.0,
+            top_p=1.0,
+            seed=None,
+            ignore_eos=False,
+            min_tokens=0,
+            top_k=0,
+            min_p=0.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            repetition_penalty=1.0,
+        ),
         n=1,
         stop=(),
-        ignore_eos=False,
-        min_tokens=0,
-        top_k=0,
-        min_p=0.0,
-        presence_penalty=0.0,
-        frequency_penalty=0.0,
-        repetition_penalty=1.0,
         stream=False,
         include_usage=False,
         tools=ToolPlan("none"),
     )
+    assert params.max_tokens is None
 
 
 INTEGER = {"type": "integer"}
@@ -293,15 +296,20 @@ INTEGER = {"type": "integer"}
 
 def test_logprobs_and_echo_resolve() -> None:
     chat_params = chat_generation_params(parse_chat_request(chat(logprobs=True, top_logprobs=3)))
-    assert (chat_params.logprobs, chat_params.prompt_logprobs) == (3, None)
-    assert chat_generation_params(parse_chat_request(chat(logprobs=True))).logprobs == 0
-    assert chat_generation_params(parse_chat_request(chat(top_logprobs=0))).logprobs is None
+    assert (chat_params.sampling.logprobs, chat_params.sampling.prompt_logprobs) == (3, None)
+    assert chat_generation_params(parse_chat_request(chat(logprobs=True))).sampling.logprobs == 0
+    plain_chat = chat_generation_params(parse_chat_request(chat(top_logprobs=0)))
+    assert plain_chat.sampling.logprobs is None
     params = completion_generation_params(
         parse_completion_request(completion(logprobs=2, echo=True))
     )
-    assert (params.logprobs, params.prompt_logprobs, params.echo) == (2, 2, True)
+    assert (params.sampling.logprobs, params.sampling.prompt_logprobs, params.echo) == (2, 2, True)
     plain = completion_generation_params(parse_completion_request(completion(echo=True)))
-    assert (plain.logprobs, plain.prompt_logprobs, plain.echo) == (None, None, True)
+    assert (plain.sampling.logprobs, plain.sampling.prompt_logprobs, plain.echo) == (
+        None,
+        None,
+        True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -326,11 +334,10 @@ def test_logprobs_and_echo_resolve() -> None:
     ],
 )
 def test_constraints_reach_the_params(fields: dict[str, Any], expected: Any) -> None:
-    assert chat_generation_params(parse_chat_request(chat(**fields))).structured == expected
-    assert (
-        completion_generation_params(parse_completion_request(completion(**fields))).structured
-        == expected
-    )
+    chat_params = chat_generation_params(parse_chat_request(chat(**fields)))
+    assert chat_params.sampling.structured == expected
+    params = completion_generation_params(parse_completion_request(completion(**fields)))
+    assert params.sampling.structured == expected
 
 
 def test_tool_choices_become_constraints() -> None:
@@ -340,17 +347,18 @@ def test_tool_choices_become_constraints() -> None:
         parse_chat_request(chat(tools=tools, tool_choice=_named("get_weather")))
     )
     assert named.tools is not None and named.tools.mode == "named"
-    assert named.structured == StructuredOutput(json_schema=json.dumps(weather))
+    assert named.sampling.structured == StructuredOutput(json_schema=json.dumps(weather))
     required = chat_generation_params(
         parse_chat_request(chat(tools=tools, tool_choice="required", parallel_tool_calls=False))
     )
-    assert required.structured is not None and required.structured.json_schema is not None
-    schema = json.loads(required.structured.json_schema)
+    forced = required.sampling.structured
+    assert forced is not None and forced.json_schema is not None
+    schema = json.loads(forced.json_schema)
     assert (schema["type"], schema["minItems"], schema["maxItems"]) == ("array", 1, 1)
     names = [b["properties"]["name"]["enum"] for b in schema["items"]["anyOf"]]
     assert names == [["get_weather"], ["get_time"]]
     auto = chat_generation_params(parse_chat_request(chat(tools=tools)))
-    assert auto.tools is not None and auto.tools.mode == "auto" and auto.structured is None
+    assert auto.tools is not None and auto.tools.mode == "auto" and auto.sampling.structured is None
     assert auto.tools.template_tools() == tools
 
 
@@ -374,16 +382,21 @@ def test_chat_params_carry_values() -> None:
         stream_options={"include_usage": True},
     )
     params = chat_generation_params(parse_chat_request(body))
-    assert (params.top_k, params.min_p, params.repetition_penalty) == (40, 0.05, 1.1)
-    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -0.5)
+    sampling = params.sampling
+    assert (sampling.top_k, sampling.min_p, sampling.repetition_penalty) == (40, 0.05, 1.1)
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -0.5)
     assert params.max_tokens == 4  # max_completion_tokens wins
-    assert (params.temperature, params.top_p, params.seed, params.n) == (0.5, 0.9, 3, 2)
-    assert (params.stop, params.ignore_eos, params.min_tokens) == (("END",), True, 2)
+    assert (sampling.temperature, sampling.top_p, sampling.seed, params.n) == (0.5, 0.9, 3, 2)
+    assert (params.stop, sampling.ignore_eos, sampling.min_tokens) == (("END",), True, 2)
     assert (params.stream, params.include_usage) == (True, True)
+    # each choice's engine request: the resolved budget, and its own seed
+    assert params.choice_sampling(100, 1) == msgspec.structs.replace(
+        sampling, max_tokens=100, seed=4
+    )
 
 
 def test_top_k_minus_one_is_off() -> None:
-    assert chat_generation_params(parse_chat_request(chat(top_k=-1))).top_k == 0
+    assert chat_generation_params(parse_chat_request(chat(top_k=-1))).sampling.top_k == 0
 
 
 def test_completion_params() -> None:

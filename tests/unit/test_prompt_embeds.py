@@ -12,8 +12,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from router.client import migrated_request
 from router.frontend.prompt_embeds import PromptEmbedsError, decode_prompt_embeds
+from router.generation import migrated_request
 from schemas import Request, SamplingParams, StructuredOutput
 from schemas.validate import request_problem
 

@@ -1,45 +1,31 @@
-"""OpenAI response bodies and SSE events (chat.completion[.chunk], text_completion)."""
+"""``POST /v1/chat/completions``: the chat family (request: ``openai_protocol.py``) and its
+response shape, ``chat.completion`` (whole) or ``chat.completion.chunk`` events."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
 from typing import Any
 
-import msgspec
+from router.frontend import asgi
+from router.frontend.errors import OpenAIError
+from router.frontend.openai_protocol import parse_chat_request
+from router.frontend.output import Delta
+from router.frontend.params import chat_generation_params
+from router.frontend.serving import Endpoint, Serving
+from router.frontend.shapes import DONE, FullChoice, encode, sse
 
-from router.frontend.openai_protocol import OpenAIError
-from router.frontend.output import Delta, OutCall
-
-_json = msgspec.json.Encoder()
-DONE = b"data: [DONE]\n\n"
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + _json.encode(obj) + b"\n\n"
+ENDPOINT = Endpoint("chat", "chatcmpl", chat=True)
 
 
-def encode(obj: Any) -> bytes:
-    return _json.encode(obj)
+async def serve(call: asgi.Call, serving: Serving) -> None:
+    body = await call.body()
+    creq = parse_chat_request(body)
+    params = chat_generation_params(creq)
 
+    def shape(rid: str, _prompt_len: int) -> ChatShape:
+        return ChatShape(rid, int(time.time()), creq.model)
 
-def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
-@dataclass
-class FullChoice:
-    """One choice of a whole (non-streamed) response."""
-
-    content: str
-    reason: str | None
-    reasoning: str = ""
-    calls: list[OutCall] = field(default_factory=list)
-    logprobs: Any = None  # chat: the content list; completions: the logprobs object
+    await serving.generate(call, ENDPOINT, creq, params, shape, len(body))
 
 
 class ChatShape:
@@ -115,32 +101,3 @@ class ChatShape:
                 "usage": usage,
             }
         )
-
-
-class CompletionShape(ChatShape):
-    """Legacy completions: ``text`` in both the chunks and the full response."""
-
-    object_chunk = "text_completion"
-    object_full = "text_completion"
-
-    def role_chunk(self, index: int) -> bytes:
-        return b""
-
-    def delta_chunk(
-        self, index: int, d: Delta, finish_reason: str | None, logprobs: Any = None
-    ) -> bytes:
-        choice = {
-            "index": index,
-            "text": d.content,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }
-        return sse({**self.head, "choices": [choice]})
-
-    def full_choice(self, index: int, c: FullChoice) -> dict[str, Any]:
-        return {
-            "index": index,
-            "text": c.content,
-            "logprobs": c.logprobs,
-            "finish_reason": c.reason,
-        }

@@ -1,0 +1,145 @@
+"""A request's token stream without servers: order, duplicates, gaps, notices, catch-up; and the
+migration rule that follows an interrupted attempt."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.generation import migrated_request, next_attempt
+from router.token_stream import Interrupted, TokenStream
+from schemas import Request, SamplingParams, TokenChunk
+
+
+class Store:
+    """``ChunkStore`` over a list of published chunks."""
+
+    def __init__(self, chunks: list[TokenChunk] | None = None, broken: bool = False) -> None:
+        self.chunks = chunks or []
+        self.broken = broken
+        self.reads: list[range] = []
+
+    async def read(self, request_id: str, attempt: int, indices: range) -> list[TokenChunk] | None:
+        self.reads.append(indices)
+        found = [c for c in self.chunks if c.attempt == attempt and c.index in indices]
+        return None if self.broken or len(found) < len(indices) else found
+
+    async def last(self, request_id: str) -> TokenChunk | None:
+        return self.chunks[-1] if self.chunks else None
+
+
+def chunk(index: int, attempt: int = 0, final: bool = False) -> TokenChunk:
+    return TokenChunk("r", attempt, index, (index,), finish_reason="stop" if final else None)
+
+
+async def read(stream: TokenStream, n: int) -> list[tuple[int, int] | str]:
+    out: list[tuple[int, int] | str] = []
+    for _ in range(n):
+        event = await stream.next()
+        out.append(event.reason if isinstance(event, Interrupted) else (event.attempt, event.index))
+    return out
+
+
+async def test_chunks_come_out_in_order_once_and_of_the_current_attempt() -> None:
+    stream = TokenStream("r", Store())
+    for c in (chunk(0), chunk(0), chunk(1, attempt=1), chunk(1), chunk(0)):
+        stream.feed(c)
+    stream.feed(chunk(2, final=True))
+    # the duplicates and the other attempt's chunk were dropped
+    assert await read(stream, 3) == [(0, 0), (0, 1), (0, 2)]
+
+
+async def test_a_gap_is_filled_from_the_store_before_the_chunk_after_it() -> None:
+    store = Store([chunk(i) for i in range(5)])
+    stream = TokenStream("r", store)
+    stream.feed(chunk(0))
+    stream.feed(chunk(4))
+    assert await read(stream, 5) == [(0, i) for i in range(5)]
+    assert store.reads == [range(1, 4)]
+    assert stream.next_index == 5
+
+
+async def test_chunks_the_store_cannot_give_back_interrupt_the_attempt() -> None:
+    stream = TokenStream("r", Store(broken=True))
+    stream.feed(chunk(2))
+    assert await read(stream, 1) == ["lost token chunks"]
+
+
+async def test_a_notice_about_an_attempt_left_behind_is_dropped() -> None:
+    stream = TokenStream("r", Store())
+    stream.interrupt("worker w1 left")
+    assert await read(stream, 1) == ["worker w1 left"]
+    stream.interrupt("stalled")  # queued about attempt 0 ...
+    stream.begin_attempt(1)  # ... which the request has left
+    stream.feed(chunk(0, attempt=0))
+    stream.feed(chunk(0, attempt=1))
+    assert await read(stream, 1) == [(1, 0)]
+
+
+async def test_the_stall_clock_interrupts_once_per_timeout_and_not_after_the_end() -> None:
+    stream = TokenStream("r", Store())
+    start = stream.last_activity
+    stream.check_stall(start + 0.5, timeout_s=1.0)
+    assert not stream.pending
+    stream.check_stall(start + 2.0, timeout_s=1.0)
+    stream.check_stall(start + 2.5, timeout_s=1.0)  # the clock started again at 2.0
+    assert await read(stream, 1) == ["stalled"] and not stream.pending
+    stream.end()
+    stream.check_stall(start + 10.0, timeout_s=1.0)
+    stream.interrupt("worker w1 left")
+    assert not stream.pending
+
+
+async def test_catch_up_feeds_the_newest_stored_chunk_only_when_unseen() -> None:
+    store = Store([chunk(0), chunk(1), chunk(2, final=True)])
+    stream = TokenStream("r", store)
+    stream.feed(chunk(0))
+    assert await read(stream, 1) == [(0, 0)]
+    await stream.catch_up()  # index 2 was missed: it comes, with the gap before it
+    assert await read(stream, 2) == [(0, 1), (0, 2)]
+    await stream.catch_up()  # seen already: nothing
+    assert not stream.pending
+
+
+REQ = Request("r", "m", (1, 2, 3), SamplingParams(max_tokens=4, min_tokens=2))
+
+
+@pytest.mark.parametrize(
+    ("request_", "generated", "max_attempts", "expected"),
+    [
+        (REQ, [7], 3, "next"),
+        (REQ, [7], 1, "error: gave up after 1 attempts: stalled"),
+        (REQ, [7, 8, 9, 10], 3, "length"),
+        (
+            migrated_request(REQ, 3, [7], remaining=3),  # attempt 1: 1 token was generated
+            [7, 8, 9, 10],
+            3,
+            "length",
+        ),
+        (
+            migrated_request(REQ, 3, [7], remaining=3),
+            [7, 8],
+            2,
+            "error: gave up after 2 attempts: stalled",
+        ),
+    ],
+)
+def test_what_follows_an_interrupted_attempt(
+    request_: Request, generated: list[int], max_attempts: int, expected: str
+) -> None:
+    nxt = next_attempt(request_, 3, generated, max_attempts, "stalled")
+    if expected == "next":
+        assert isinstance(nxt, Request)
+        assert nxt == migrated_request(request_, 3, generated, remaining=3)
+        assert (nxt.attempt, nxt.token_ids, nxt.sampling.min_tokens) == (1, (1, 2, 3, 7), 0)
+    elif expected == "length":
+        assert isinstance(nxt, TokenChunk) and nxt.finish_reason == "length" and nxt.error is None
+    else:
+        assert isinstance(nxt, TokenChunk) and nxt.finish_reason == "error"
+        assert f"error: {nxt.error}" == expected
+
+
+def test_a_prompt_of_embeddings_cannot_move_once_it_has_generated() -> None:
+    embeds = Request("r", "m", (), SamplingParams(max_tokens=4), prompt_embeds=b"t")
+    assert isinstance(next_attempt(embeds, 0, [], 3, "stalled"), Request)
+    ended = next_attempt(embeds, 0, [5], 3, "stalled")
+    assert isinstance(ended, TokenChunk) and "prompt_embeds" in (ended.error or "")
