@@ -46,14 +46,14 @@ from schemas import (
     ControlRequest,
     KvEventBatch,
     Request,
-    TokenChunk,
     WireDecodeError,
     decode,
     encode,
 )
-from schemas.control import CONTROL_OPS
+from schemas.control import CONTROL_OPS, kv_release
 from schemas.kv_events import KvCacheEvent, batch_version
 from schemas.streams import pool_consumer
+from schemas.tokens import error_chunk
 from schemas.trace import HEADER as TRACE_HEADER
 from schemas.trace import parse_traceparent
 from schemas.validate import is_subject_token, request_problem
@@ -238,13 +238,8 @@ class WorkerRuntime:
         with contextlib.suppress(Exception):
             await msg.term()
         if is_subject_token(req.request_id):
-            chunk = TokenChunk(
-                request_id=req.request_id,
-                attempt=req.attempt,
-                index=0,
-                worker_id=self.cfg.worker_id,
-                finish_reason="error",
-                error=f"invalid request: {problem}",
+            chunk = error_chunk(
+                req.request_id, req.attempt, 0, f"invalid request: {problem}", self.cfg.worker_id
             )
             with contextlib.suppress(Exception):
                 await self.nc.publish(self.subjects.tok(req.request_id), encode(chunk))
@@ -448,7 +443,7 @@ class WorkerRuntime:
     def _kv_pulled(self, prefill_worker: str, request_id: str) -> None:
         """A remote prefill's KV landed here: the prefill worker may free its blocks."""
         subject = self.subjects.ctl(prefill_worker, "kv_release")
-        body = encode(ControlRequest(args={"request_id": request_id}))
+        body = encode(kv_release(request_id))
         task = asyncio.create_task(self.nc.publish(subject, body))
         task.add_done_callback(_log_task_error)
 

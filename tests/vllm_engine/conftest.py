@@ -34,8 +34,10 @@ def _vllm_missing() -> str | None:
     return None
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="session", autouse=True)
 def _needs_vllm() -> None:
+    """Session-scoped, so it runs before the session's fleets start (a function-scoped check
+    would come after them, and the tests would error instead of skipping)."""
     missing = _vllm_missing()
     if missing is None:
         return
@@ -45,14 +47,14 @@ def _needs_vllm() -> None:
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> Path:
+def smollm2(_needs_vllm: None) -> Path:
     from infra.vllm_models import ensure
 
     return ensure("smollm2")
 
 
 @pytest.fixture(scope="session")
-def tiny_llama() -> Path:
+def tiny_llama(_needs_vllm: None) -> Path:
     from infra.vllm_models import ensure
 
     return ensure("tiny-llama")
