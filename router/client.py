@@ -111,8 +111,13 @@ class FleetClient:
 
     # ------------------------------------------------------------------ routing
     async def route(self, request: Request, exclude: Sequence[str]) -> Routed:
-        cands = self.state.candidates(request.model, self._roles, exclude)
+        cands = self.state.candidates(request.model, self._roles, exclude, request.lora_name)
         if not cands:
+            if request.lora_name is not None:
+                raise NoWorkersError(
+                    f"no live worker of model {request.model!r} has LoRA adapter "
+                    f"{request.lora_name!r} loaded"
+                )
             raise NoWorkersError(f"no live worker serves model {request.model!r}")
         if self.router is None:  # pool: any worker of the role pulls
             return self.subjects.req_pool(request.model, self.cfg.role), None
@@ -120,8 +125,8 @@ class FleetClient:
         decision = await self.router.route(query, cands)
         return self.subjects.req_worker(request.model, decision.worker_id), decision
 
-    def check_capacity(self, model: str) -> None:
-        if self.state.saturated(model, self._roles, self.cfg.max_waiting_per_worker):
+    def check_capacity(self, model: str, lora: str | None = None) -> None:
+        if self.state.saturated(model, self._roles, self.cfg.max_waiting_per_worker, lora):
             raise OverloadedError(f"every worker serving {model!r} is saturated")
 
     async def publish(self, request: Request, subject: str, traceparent: str | None) -> None:
@@ -155,8 +160,8 @@ class FleetClient:
     async def route_request(self, request: Request) -> Routed:
         """Choose the worker (and reserve it, for the kv router) without publishing: hand the
         result to ``generate``, or to ``unroute`` when the request will not go there."""
-        await self._wait_for_worker(request.model)
-        self.check_capacity(request.model)
+        await self._wait_for_worker(request.model, request.lora_name)
+        self.check_capacity(request.model, request.lora_name)
         return await self.route(request, [])
 
     async def unroute(self, request_id: str) -> None:
@@ -201,10 +206,10 @@ class FleetClient:
         stream.published()
         return gen
 
-    async def _wait_for_worker(self, model: str) -> None:
+    async def _wait_for_worker(self, model: str, lora: str | None = None) -> None:
         deadline = time.monotonic() + self.cfg.wait_for_worker_s
         # polled: discovery has no per-model event to wait on
-        while not self.state.candidates(model, self._roles):
+        while not self.state.candidates(model, self._roles, lora=lora):
             if time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.05)

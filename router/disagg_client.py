@@ -99,7 +99,10 @@ class DisaggClient:
     ) -> Generation | DisaggGeneration:
         model = request.model
         state = self.state
-        if not state.candidates(model, "decode") and not state.candidates(model, "prefill"):
+        lora = request.lora_name
+        if not state.candidates(model, "decode", lora=lora) and not state.candidates(
+            model, "prefill", lora=lora
+        ):
             return await self.agg.generate(request, traceparent)
         # a disaggregated model (decode workers, or prefill workers whose decode workers are not
         # up yet: the decode client waits for them as the aggregated one would, unless the
@@ -175,7 +178,7 @@ class DisaggClient:
         uncached = uncached_tokens(len(request.token_ids), overlap, block_size)
         queued = [
             max(v.remote_prefills, v.load.num_waiting if v.load else 0)
-            for v in self.state.candidates(request.model, "prefill")
+            for v in self.state.candidates(request.model, "prefill", lora=request.lora_name)
         ]
         return place(self.cfg, uncached, queued)
 

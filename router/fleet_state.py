@@ -75,9 +75,14 @@ class FleetState:
             view.load_at = now
 
     def candidates(
-        self, model: str, role: str | tuple[str, ...] = "agg", exclude: Iterable[str] = ()
+        self,
+        model: str,
+        role: str | tuple[str, ...] = "agg",
+        exclude: Iterable[str] = (),
+        lora: str | None = None,
     ) -> list[WorkerView]:
-        """Ready workers of ``model`` in ``role`` (or any of several roles)."""
+        """Ready workers of ``model`` in ``role`` (or any of several roles); with ``lora``, only
+        those that have that adapter loaded."""
         skip = set(exclude)
         roles = (role,) if isinstance(role, str) else role
         return [
@@ -87,19 +92,33 @@ class FleetState:
             and v.reg.role in roles
             and v.reg.status == "ready"
             and v.worker_id not in skip
+            and (lora is None or lora in v.reg.loras)
         ]
 
     def models(self) -> set[str]:
         return {v.reg.model for v in self.workers.values()}
 
+    def adapters(self) -> dict[str, str]:
+        """LoRA adapter -> the model it adapts, for every adapter a ready worker has loaded."""
+        return {
+            lora: v.reg.model
+            for v in self.workers.values()
+            if v.reg.status == "ready"
+            for lora in v.reg.loras
+        }
+
     def is_alive(self, worker_id: str) -> bool:
         return worker_id in self.workers
 
     def saturated(
-        self, model: str, role: str | tuple[str, ...], max_waiting_per_worker: int
+        self,
+        model: str,
+        role: str | tuple[str, ...],
+        max_waiting_per_worker: int,
+        lora: str | None = None,
     ) -> bool:
         """True when every candidate holds more than capacity + the waiting bound."""
-        cands = self.candidates(model, role)
+        cands = self.candidates(model, role, lora=lora)
         if not cands:
             return False
         return all(v.queued_estimate() >= v.capacity + max_waiting_per_worker for v in cands)

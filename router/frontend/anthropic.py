@@ -64,7 +64,7 @@ async def count_tokens(call: asgi.Call, serving: Serving) -> None:
     """``POST /v1/messages/count_tokens``: the prompt's tokens, template included."""
     body = await call.body()
     creq = count_tokens_request(body)
-    served = serving.served(creq.model)
+    served = serving.served(serving.resolve(creq.model)[0])  # an adapter: its base's template
     params = chat_generation_params(creq)
     prompt = await serving.prompts.chat(served, creq, params, len(body))
     await asgi.send_json(call.send, 200, encode({"input_tokens": len(prompt)}))

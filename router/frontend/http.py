@@ -234,17 +234,34 @@ class Frontend:
         return out
 
     def models_body(self) -> dict[str, Any]:
+        """Models with a live worker, and the LoRA adapters live workers have loaded (with the
+        model they adapt as ``parent``, as vLLM lists them)."""
         live = self.discovery.state.models()
+        served = {n: m for n, m in self.discovery.models.items() if n in live}
         data = [
             {
                 "id": name,
                 "object": "model",
                 "created": int(m.card.created_at_s),
                 "owned_by": "jetfleet",
+                "root": name,
+                "parent": None,
                 "max_model_len": m.card.context_length,
             }
-            for name, m in sorted(self.discovery.models.items())
-            if name in live
+            for name, m in sorted(served.items())
+        ]
+        data += [
+            {
+                "id": lora,
+                "object": "model",
+                "created": int(served[base].card.created_at_s),
+                "owned_by": "jetfleet",
+                "root": lora,
+                "parent": base,
+                "max_model_len": served[base].card.context_length,
+            }
+            for lora, base in sorted(self.discovery.state.adapters().items())
+            if base in served and lora not in served
         ]
         return {"object": "list", "data": data}
 

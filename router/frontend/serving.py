@@ -74,6 +74,16 @@ class Serving:
         # an idle frontend tokenizes small prompts inline (tokenize.py)
         self.prompts = Prompts(tokenizer, idle=lambda: self.active == 0)
 
+    def resolve(self, name: str) -> tuple[str, str | None]:
+        """The model a request's ``model`` names, and the LoRA adapter when it names one that a
+        live worker has loaded (vLLM's convention): an adapter runs on its base model, on the
+        workers that hold it. A model's own name wins over an adapter's."""
+        if name not in self.discovery.models:
+            base = self.discovery.state.adapters().get(name)
+            if base is not None:
+                return base, name
+        return name, None
+
     def served(self, model: str) -> ServedModel:
         served = self.discovery.models.get(model)
         if served is None:  # a model the fleet has served waits for a worker, then 503s
@@ -96,11 +106,12 @@ class Serving:
         size_hint: int,
     ) -> None:
         accepted = time.monotonic()
-        served = self.served(creq.model)
-        call.ctx["model"] = creq.model  # a served model: a bounded label value
+        model, lora = self.resolve(creq.model)
+        served = self.served(model)
+        call.ctx["model"] = creq.model  # a served model or adapter: a bounded label value
         card = served.card
         outputs = [_choice_output(card, params, endpoint.chat) for _ in range(params.n)]
-        self._check_constraint(creq.model, params)
+        self._check_constraint(model, params)
         prompt = await self._prompt(served, creq, params, size_hint)
         max_tokens = resolve_max_tokens(
             params.max_tokens,
@@ -112,8 +123,8 @@ class Serving:
         call.ctx.update(request_id=rid, model=creq.model, prompt_tokens=prompt.length)
         special = served.tokenizer.special_tokens
         keep_special = any(m in special for o in outputs[:1] for m in o.markers)
-        requests = _requests(creq.model, rid, prompt, params, max_tokens, keep_special)
-        gens = await self.submit(creq.model, rid, requests, card.block_size, call.traceparent)
+        requests = _requests(model, lora, rid, prompt, params, max_tokens, keep_special)
+        gens = await self.submit(model, rid, requests, card.block_size, call.traceparent)
         echo = None
         if params.echo and isinstance(creq, CompletionRequest):
             echo = self.prompts.echo_text(served, creq, prompt.tokens)
@@ -254,6 +265,7 @@ def _choice_output(card: ModelCard, params: GenerationParams, chat: bool) -> Cho
 
 def _requests(
     model: str,
+    lora: str | None,
     rid: str,
     prompt: Prompt,
     params: GenerationParams,
@@ -266,6 +278,7 @@ def _requests(
         Request(
             request_id=rid if params.n == 1 else f"{rid}-{i}",
             model=model,
+            lora_name=lora,
             token_ids=tuple(prompt.tokens),
             sampling=params.choice_sampling(max_tokens, i),
             created_at_s=now,
