@@ -55,7 +55,8 @@ class ClientConfig:
     also_roles: tuple[str, ...] = ()
     """Workers of these roles are candidates too (a disaggregated model's local prefills may
     run on its prefill workers); the pool subject (no router) stays ``role``'s."""
-    stall_timeout_s: float = 60.0  # no chunk for this long from a live worker: migrate
+    # no chunk for this long from a live worker whose engine took no step either: migrate
+    stall_timeout_s: float = 60.0
     max_attempts: int = 3  # first try + migrations
     max_waiting_per_worker: int = 64  # shed when every worker holds capacity + this
     wait_for_worker_s: float = 5.0  # with no live worker for the model, wait this long, then 503
@@ -258,7 +259,8 @@ class FleetClient:
             await asyncio.sleep(min(1.0, self.cfg.stall_timeout_s / 4))
             now = time.monotonic()
             for entry in list(self.active.values()):
-                entry.gen.stream.check_stall(now, self.cfg.stall_timeout_s)
+                progress = self.state.progress_at(entry.gen.worker_id)
+                entry.gen.stream.check_stall(now, self.cfg.stall_timeout_s, progress)
 
     async def catch_up(self) -> None:
         """After a NATS reconnect (a hook: returns at once, the work runs in a task): each

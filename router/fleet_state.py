@@ -20,6 +20,7 @@ class WorkerView:
     reg: WorkerRegistration
     load: WorkerLoad | None = None
     load_at: float = 0.0  # local monotonic time of the last load report
+    progress_at: float = 0.0  # local monotonic time its engine step count last moved
     in_flight: int = 0  # requests this router sent that have not finished
     remote_prefills: int = 0  # of those, remote prefills (a disaggregated prefill pool's queue)
 
@@ -71,8 +72,17 @@ class FleetState:
     def apply_load(self, load: WorkerLoad, now: float) -> None:
         view = self.workers.get(load.worker_id)
         if view is not None:
+            before = view.load.steps_total if view.load is not None else 0
+            if load.steps_total != before:  # (a worker that reports no steps never moves)
+                view.progress_at = now
             view.load = load
             view.load_at = now
+
+    def progress_at(self, worker_id: str) -> float:
+        """When the worker's engine last took a step, as its load reports show (0: never
+        seen): a request queued there waits while this moves (``TokenStream.check_stall``)."""
+        view = self.workers.get(worker_id)
+        return view.progress_at if view is not None else 0.0
 
     def candidates(
         self,

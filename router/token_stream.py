@@ -17,7 +17,10 @@ fails, the attempt is interrupted: "lost token chunks").
 An ``Interrupted`` notice says the current attempt cannot go on (its worker left, it stalled,
 chunks were lost); the reader migrates the request and calls ``begin_attempt``. Notices carry
 the attempt they are about, so a late notice about an attempt already left behind is dropped.
-The stall clock runs from the last delivered chunk or the last publish of the request.
+The stall clock runs from the last delivered chunk or the last publish of the request, or from
+the last step its worker's engine took, whichever is later: a request queued behind others on a
+working engine (a long queue on a slow real engine) is waiting, not stalled; on an engine whose
+step count stopped, it stalls.
 
 No routing here: the generation that owns the stream (``router/generation.py``) migrates; the
 client (``router/client.py``) only feeds it chunks, notices and the time.
@@ -89,10 +92,12 @@ class TokenStream:
         if not self.ended:
             self._inbox.put_nowait(Interrupted(reason, self.attempt))
 
-    def check_stall(self, now: float, timeout_s: float) -> None:
-        """Interrupt an attempt that has delivered nothing for ``timeout_s`` (the clock then
-        starts again, so a slow migration is not interrupted twice)."""
-        if not self.ended and now - self.last_activity > timeout_s:
+    def check_stall(self, now: float, timeout_s: float, worker_progress_at: float = 0.0) -> None:
+        """Interrupt an attempt that has delivered nothing for ``timeout_s`` while its worker
+        made no progress either (the clock then starts again, so a slow migration is not
+        interrupted twice)."""
+        since = max(self.last_activity, worker_progress_at)
+        if not self.ended and now - since > timeout_s:
             self.interrupt("stalled")
             self.last_activity = now
 

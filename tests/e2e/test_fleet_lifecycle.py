@@ -178,6 +178,32 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
         f.stop()
 
 
+async def test_a_queue_longer_than_the_stall_timeout_is_waited_for_not_migrated(
+    nats_server, tmp_path
+):
+    """One worker with one slot and a queue of six: the last waits several times the frontend's
+    stall timeout (1 s) for its first token. Its worker is working all along (its step count
+    moves in its load reports), so nothing is migrated: with no other worker, a migration would
+    have ended those requests in errors."""
+    f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--max-num-seqs", "1"))
+    try:
+        f.add_worker()
+        f.start_frontend("--router", "round-robin", "--stall-timeout", "1")
+        await wait_for(lambda: _count(f, 1), timeout=20)
+        body = {"model": M, "prompt": "queue", "max_tokens": 100, "ignore_eos": True}
+        started = time.monotonic()
+        async with Observations(f) as obs, httpx.AsyncClient(timeout=60) as client:
+            replies = await asyncio.gather(
+                *(client.post(f"{f.base_url}/v1/completions", json=body) for _ in range(6))
+            )
+            await wait_for(lambda: len(obs.items) == 6, timeout=10)
+        assert [r.status_code for r in replies] == [200] * 6, [r.text for r in replies]
+        assert time.monotonic() - started > 3.0  # the queue outlasted the stall timeout, 3 times
+        assert [o.attempts for o in obs.items] == [1] * 6
+    finally:
+        f.stop()
+
+
 async def _serving_worker(fleet: Fleet) -> str:
     async def busy() -> list[str]:
         return [w for w, v in (await live_workers(fleet)).items() if v.get("num_running")]

@@ -89,6 +89,15 @@ async def test_the_stall_clock_interrupts_once_per_timeout_and_not_after_the_end
     assert not stream.pending
 
 
+async def test_a_worker_that_makes_progress_keeps_the_stall_clock_from_running() -> None:
+    stream = TokenStream("r", Store())
+    start = stream.last_activity
+    stream.check_stall(start + 5.0, timeout_s=1.0, worker_progress_at=start + 4.5)
+    assert not stream.pending  # queued behind others on a working engine: waiting
+    stream.check_stall(start + 7.0, timeout_s=1.0, worker_progress_at=start + 4.5)
+    assert await read(stream, 1) == ["stalled"]  # the engine stopped stepping too
+
+
 async def test_catch_up_feeds_the_newest_stored_chunk_only_when_unseen() -> None:
     store = Store([chunk(0), chunk(1), chunk(2, final=True)])
     stream = TokenStream("r", store)

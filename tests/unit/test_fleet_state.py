@@ -1,5 +1,5 @@
-"""Routing by LoRA adapter (pure): only workers that have the adapter loaded are candidates, and
-the fleet knows which model each loaded adapter adapts."""
+"""FleetState (pure): routing by LoRA adapter (only workers holding it are candidates), and each
+worker's progress as its engine step count moves."""
 
 from __future__ import annotations
 
@@ -34,3 +34,24 @@ def test_an_unloaded_adapter_leaves_the_candidates() -> None:
     state.upsert(reg("a", ("sql",)))
     state.upsert(reg("a"))  # the registration republished after lora_unload
     assert state.candidates("m", lora="sql") == [] and state.adapters() == {}
+
+
+def test_progress_is_when_the_engine_step_count_last_moved() -> None:
+    from schemas import WorkerLoad
+
+    state = FleetState()
+    state.upsert(reg("a"))
+
+    def report(steps: int, now: float) -> None:
+        state.apply_load(
+            WorkerLoad("a", "m", "agg", 0.0, 1, 5, 8, 0.1, 100, steps_total=steps), now
+        )
+
+    assert state.progress_at("a") == 0.0
+    report(0, 1.0)
+    assert state.progress_at("a") == 0.0  # no step yet
+    report(7, 2.0)
+    report(7, 3.0)  # reports go on, the engine does not: still 2.0
+    assert state.progress_at("a") == 2.0
+    report(9, 4.0)
+    assert state.progress_at("a") == 4.0 and state.progress_at("gone") == 0.0
