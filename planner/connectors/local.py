@@ -2,8 +2,11 @@
 
 The connector owns the workers it starts (children in a ``ProcessGroup``, named
 ``{role}-{n}``, worker id ``{id_prefix}-{role}-{n}``). A decision is applied as a change of
-``desired - current`` replicas of its role, where ``current`` is what the planner saw in
-discovery, so workers started by someone else count but are never touched.
+``desired - now`` replicas of its role, where ``now`` is the role's ready workers in discovery
+when the decision is applied plus its own workers still starting: decisions are applied one at a
+time, so one taken while a worker was still loading (a real model: minutes) and applied after it
+registered must not start another; workers started by someone else count but are never
+touched.
 
 - **Up**: start the missing workers and wait until each has registered as ready (``applied``)
   or one exits or ``start_timeout_s`` passes (``failed``, with the log tail).
@@ -145,14 +148,23 @@ class LocalScaler:
             log.warning("workers_exited", names=gone)
         return gone
 
+    def replicas_now(self, model: str, role: str) -> int:
+        """The role's ready workers in discovery now, plus own workers still starting."""
+        ready = self.watch.counts(model, (role,))[role]
+        ids = {w for w, r in self.watch.regs.items() if r.status == "ready"}
+        starting = [n for n in self.own.get(role, []) if f"{self.cfg.id_prefix}-{n}" not in ids]
+        return ready + len(starting)
+
     async def scale(self, decision: ScalingDecided) -> ScaleResult:
         self.prune_exited()
-        delta = decision.desired_replicas - decision.current_replicas
+        role = decision.role
+        now = self.replicas_now(decision.model, role)
+        delta = decision.desired_replicas - now
         if delta > 0:
-            return await self.start_workers(decision.role, delta)
+            return await self.start_workers(role, delta)
         if delta < 0:
-            return await self.stop_workers(decision.role, -delta)
-        return ScaleResult(True, self.owned(decision.role), "nothing to do")
+            return await self.stop_workers(role, -delta)
+        return ScaleResult(True, self.owned(role), f"nothing to do: {now} {role} workers already")
 
     async def close(self) -> None:
         await asyncio.to_thread(self.group.stop_all, self.cfg.stop_timeout_s)

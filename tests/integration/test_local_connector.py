@@ -54,6 +54,12 @@ async def test_up_down_and_close_stop_the_workers_it_started(
         assert len(pids) == 2 and all(map(alive, pids.values()))
         assert {r.pid for r in watch.regs.values()} == set(pids.values())
 
+        # decided while the second worker was still starting, applied after it registered: the
+        # role already has 2, nothing more starts
+        stale = await scaler.scale(decided(1, 2))
+        assert stale.ok and "nothing to do" in stale.detail, stale.detail
+        assert len(scaler.group.children) == 2
+
         down = await scaler.scale(decided(2, 1))
         assert down.ok and "exit 0" in down.detail, down.detail  # drained, not killed
         newest = max(pids)  # agg-1: the newest goes first
