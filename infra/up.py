@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -93,7 +94,7 @@ def _start_autoscaling(
     group: ProcessGroup,
     common: list[str],
     engine: list[str],
-    metrics_port: int,
+    ops: dict[str, int],
 ) -> None:
     """The local connector starts (and owns) the workers; the planner resizes them. The
     planner's capacity profile defaults to the mocker's at this ``--speedup``."""
@@ -110,6 +111,8 @@ def _start_autoscaling(
             *[flag for item in initial for flag in ("--initial", item)],
             "--log-dir",
             str(group.log_dir),
+            "--metrics-port",
+            str(ops["connector"]),
         ),
     )
     profile = [] if args.profile else ["--profile", f"mocker:{args.speedup}"]
@@ -121,7 +124,7 @@ def _start_autoscaling(
             "--model",
             served_name(args),
             "--metrics-port",
-            str(metrics_port),
+            str(ops["planner"]),
             "--roles",
             ",".join(_pools(args)),
             *profile,
@@ -145,6 +148,10 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     _install_stop_handlers()
     if args.otlp_endpoint:  # every process up starts reads it (base.tracing)
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = args.otlp_endpoint
+    taken = _ports_taken(args)
+    if taken:
+        _say(f"jetfleet up: {taken} already in use (another fleet? choose other ports)")
+        return 1
     group = ProcessGroup(Path(args.state_dir).resolve() / "logs")
     servers: list[EmbeddedNats | EmbeddedRedis] = []
     try:
@@ -174,8 +181,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
-            ops["planner"] = free_port()
-            _start_autoscaling(args, group, common, engine, ops["planner"])
+            ops["planner"], ops["connector"] = free_port(), free_port()
+            _start_autoscaling(args, group, common, engine, ops)
         else:
             for role, n in _pools(args).items():
                 for i in range(n):
@@ -206,18 +213,11 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
                 str(args.frontends),
             ),
         )
-        if args.engine == "vllm":  # loading a real model: minutes on a laptop CPU
-            wait_http_ok(
-                f"http://{args.host}:{args.port}/ready",
-                VLLM_READY_TIMEOUT_S,
-                group,
-                lambda waited: _say(
-                    f"waiting for the vLLM workers to load {Path(args.model).name} "
-                    f"({waited:.0f} s; logs in {group.log_dir})"
-                ),
-            )
-        else:
-            wait_http_ok(f"http://{args.host}:{args.port}/ready", 60.0, group)
+        try:
+            _wait_ready(args, group)
+        except (RuntimeError, TimeoutError) as exc:  # a component died, or never got ready
+            _say(f"jetfleet up: {_first_line(exc)} (logs in {group.log_dir})")
+            return 1
         scaling = ", autoscaled by the planner" if args.planner else ""
         pools = ", ".join(f"{n} {role}" for role, n in _pools(args).items())
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))
@@ -241,6 +241,49 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     finally:
         _stop_everything(group, servers[::-1], drain_s=100.0 if args.planner else 30.0)
     return 0
+
+
+def _wait_ready(args: argparse.Namespace, group: ProcessGroup) -> None:
+    url = f"http://{args.host}:{args.port}/ready"
+    if args.engine != "vllm":
+        wait_http_ok(url, 60.0, group)
+        return
+    wait_http_ok(  # loading a real model: minutes on a laptop CPU
+        url,
+        VLLM_READY_TIMEOUT_S,
+        group,
+        lambda waited: _say(
+            f"waiting for the vLLM workers to load {Path(args.model).name} "
+            f"({waited:.0f} s; logs in {group.log_dir})"
+        ),
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _ports_taken(args: argparse.Namespace) -> str:
+    """The ports up would listen on that something else holds ("" when all are free): the
+    frontend's, and the embedded servers' when up starts them on fixed ports."""
+    wanted = [(args.host, args.port, "--port")]
+    if not getattr(args, "nats", None) and args.nats_port:
+        wanted.append(("127.0.0.1", args.nats_port, "--nats-port"))
+    if not getattr(args, "redis", None) and args.redis_port:
+        wanted.append(("127.0.0.1", args.redis_port, "--redis-port"))
+    busy = [f"{host}:{port} ({flag})" for host, port, flag in wanted if not _free(host, port)]
+    return ", ".join(busy)
+
+
+def _free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 async def _ping_redis(url: str, timeout_s: float = 10.0) -> None:

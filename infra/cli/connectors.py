@@ -15,8 +15,10 @@ import uuid
 from pathlib import Path
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from base.connect import close_nats, connect_nats
+from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
@@ -42,9 +44,15 @@ async def run_local_connector(
     model: str,
     scaler_cfg: LocalScalerConfig,
     initial: dict[str, int],
+    metrics_port: int = 0,
+    metrics_host: str = "127.0.0.1",
 ) -> int:
+    """``metrics_port``: its operations port (/metrics, /health, /ready; 0: none)."""
     nc = await connect_nats(nats_url, name=f"connector-local-{model}")
     await ensure_topology(nc.jetstream(), subjects)
+    registry = CollectorRegistry()
+    if metrics_port:
+        start_ops_server(metrics_port, registry, nats_connected(nc), metrics_host)
     watch = WorkerWatch(nc, subjects)
     await watch.start()
     scaler = LocalScaler(scaler_cfg, watch)
@@ -58,7 +66,7 @@ async def run_local_connector(
                 if not result.ok:
                     code = 1
                     return code
-        service = ConnectorService(nc, subjects, model, scaler)
+        service = ConnectorService(nc, subjects, model, scaler, registry=registry)
         log.info("connector_ready", connector="local", model=model)
         await service.run(stop)
     finally:

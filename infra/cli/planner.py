@@ -96,6 +96,10 @@ def add_commands(sub: Any) -> None:
     )
     loc.add_argument("--log-dir", default=".jetfleet/logs", help="the workers' log files")
     loc.add_argument(
+        "--metrics-port", type=int, default=0, help="/metrics, /health, /ready (0: off)"
+    )
+    loc.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod (probes)")
+    loc.add_argument(
         "--worker-start-timeout",
         type=float,
         default=None,
@@ -200,6 +204,8 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
                     served_name(args),
                     scaler,
                     role_counts(args.initial, "--initial"),
+                    args.metrics_port,
+                    args.metrics_host,
                 )
             )
         )

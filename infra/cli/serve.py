@@ -7,6 +7,7 @@ SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -123,11 +124,20 @@ def _frontend(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> i
 
 
 def _serve(runner: Runner, coro: Any, command: str, args: argparse.Namespace) -> int:
-    """Run a routing service; an unreachable Redis is one clear line, not a traceback."""
+    """Run a routing service; an unreachable Redis or a taken port is one clear line, not a
+    traceback."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     try:
         runner(coro)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        where = f"{getattr(args, 'host', '')}:{getattr(args, 'port', '')}"
+        print(
+            f"jetfleet {command}: cannot listen on {where}: it is in use (--port)", file=sys.stderr
+        )
+        return 1
     except RedisConnectionError as exc:
         print(
             f"jetfleet {command}: cannot reach Redis at {args.redis} ({exc}); the kv router "

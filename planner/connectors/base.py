@@ -29,6 +29,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.deadletter import dead_letter
 from base.topology import ensure_consumer
@@ -68,6 +69,22 @@ def connector_consumer(subjects: Subjects, model: str, kind: str) -> ConsumerSpe
     )
 
 
+class ConnectorMetrics:
+    """What a connector did, for its operations port: every status it published (applying,
+    applied, failed, skipped) and the replicas each role had after the last decision applied."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        ns = "jetfleet_connector"
+        self.statuses = Counter(
+            f"{ns}_statuses", "Scaling statuses published", ["model", "role", "state"],
+            registry=registry,
+        )  # fmt: skip
+        self.replicas = Gauge(
+            f"{ns}_replicas", "Replicas after the last decision acted on", ["model", "role"],
+            registry=registry,
+        )  # fmt: skip
+
+
 class ConnectorService:
     def __init__(
         self,
@@ -77,6 +94,7 @@ class ConnectorService:
         scaler: Scaler,
         max_age_s: float = 300.0,
         heartbeat_s: float = 10.0,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
@@ -87,6 +105,7 @@ class ConnectorService:
         self.heartbeat_s = heartbeat_s
         self.last_applied: dict[str, int] = {}
         self.applied = 0
+        self.metrics = ConnectorMetrics(registry or CollectorRegistry())
 
     async def status(
         self, d: ScalingDecided, state: str, replicas: int = 0, detail: str = ""
@@ -101,6 +120,9 @@ class ConnectorService:
             replicas=replicas,
             detail=detail,
         )
+        self.metrics.statuses.labels(d.model, d.role, state).inc()
+        if state in ("applied", "failed"):
+            self.metrics.replicas.labels(d.model, d.role).set(replicas)
         try:
             await self.js.publish(self.subjects.scale_status(d.model, d.role), encode(msg))
         except Exception as exc:  # a lost status must not stop the scaling itself

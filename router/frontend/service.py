@@ -74,6 +74,7 @@ class _Server(uvicorn.Server):
 async def run_frontend(cfg: FrontendServiceConfig) -> None:
     tracing = Tracing("jetfleet-frontend", cfg.frontend_id)  # OTLP export if configured
     metrics = FrontendMetrics(CollectorRegistry())
+    sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)  # first: a taken port fails fast
     stack = await RoutingStack.open(cfg.stack, cfg.frontend_id, metrics.count_placement)
     app = Frontend(
         cfg.http,
@@ -85,7 +86,6 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         stack.redis if cfg.stack.routes_only_with_redis else None,
         tracing,
     )
-    sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)
     server = _Server(
         uvicorn.Config(
             app,

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -91,13 +92,15 @@ def _families_have_their_types(url: str, want: dict[str, str]) -> None:
 
 
 def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
-    """up lists an operations port for the frontend, indexer and planner; the workers advertise
-    theirs in discovery (``jetfleet status``); each answers /metrics and /health."""
+    """up lists an operations port for the frontend, indexer, router, planner and local
+    connector; the workers advertise theirs in discovery (``jetfleet status``); each answers
+    /metrics and /health."""
     found = re.search(r"metrics: (.*)", out.read_text())  # printed before "jetfleet is up"
     assert found, out.read_text()[-3000:]
     banner = found.group(1)
     urls = re.findall(r"(http://[0-9.:]+)/metrics", banner)
-    assert f"http://127.0.0.1:{port}" in urls and len(urls) >= 4  # + indexer, planner, router
+    assert f"http://127.0.0.1:{port}" in urls and len(urls) == 5  # + indexer, planner, router,
+    assert re.search(r"connector http://[0-9.:]+/metrics", banner)  # and the local connector
     status = subprocess.run(
         cli_command("status", "--json", "--nats", nats_url), capture_output=True, text=True
     )
@@ -510,6 +513,35 @@ def test_up_on_a_redis_that_does_not_answer_says_so_and_exits(tmp_path: Path) ->
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"cannot reach Redis at {dead}" in done.stdout
+
+
+def test_up_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    """Nothing is started (no half fleet, no traceback): one sentence naming the port, exit 1;
+    and the frontend alone on that port says the same of itself."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            up_argv(tmp_path, port, "--workers", "1", "--no-planner"),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 1
+        assert done.stdout.strip() == (
+            f"jetfleet up: 127.0.0.1:{port} (--port) already in use (another fleet? choose "
+            "other ports)"
+        )
+        assert "Traceback" not in done.stderr and not (tmp_path / "state").exists()
+        fe = subprocess.run(
+            cli_command(
+                "frontend", "--port", str(port), "--nats", "nats://127.0.0.1:1",
+                "--router", "round-robin",
+            ),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert fe.returncode == 1 and "Traceback" not in fe.stderr
+        assert f"cannot listen on 127.0.0.1:{port}: it is in use" in fe.stderr
 
 
 def test_a_signal_during_start_up_stops_up_at_once(tmp_path: Path) -> None:
