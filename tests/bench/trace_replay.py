@@ -1,0 +1,166 @@
+"""Open-loop replay of a production trace: requests arrive at the trace's own times (ticks of
+several at once, idle gaps), not when a slot frees; long raw prompts sharing prefixes, sent as
+text to ``/v1/completions`` (no chat template: no message-level prompt cache helps).
+
+    python -m tests.bench.trace_replay --trace conversation_trace.jsonl --model-dir DIR \\
+        --words DIR/words.txt [--seconds 300] [--speed 1]
+    python -m tests.bench.trace_replay --trace ... --url http://127.0.0.1:8000 --model NAME \\
+        --pid frontend=PID ...          # a system already running (NVIDIA Dynamo's anchor)
+
+The trace is Mooncake's format (``github.com/kvcache-ai/Mooncake``, ``FAST25-release/traces``,
+e.g. ``conversation_trace.jsonl``): one JSON object a line with ``timestamp`` (ms since the first
+request), ``input_length``, ``output_length`` and ``hash_ids``, one id per 512-token block (equal
+ids: equal blocks). Each id becomes 512 words drawn by a generator seeded with the id, from
+``--words`` (one token each in the anchor's model), so requests sharing ids share their prefix
+token for token; a request's last block is cut to its ``input_length``. ``--seconds`` takes the
+trace's first seconds (300: 927 requests, 13.5k tokens on average, up to 122k).
+
+Without ``--url`` it starts a private fleet: ``--workers`` (4) mocker workers at speedup 1 with
+blocks of 64 tokens (the anchor's), the KV router, the indexer and one frontend. It prints one
+JSON document: TTFT p50/p90/p99, ITL, errors, the fraction of prompt tokens served from cache,
+and CPU seconds per process over the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.bench.fleetctl import BenchFleet
+from tests.bench.loadgen import Connection, LevelResult, RequestResult, summarize
+from tests.bench.procstat import CpuMeter
+
+BLOCK_TOKENS = 512  # the trace's block
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    at_s: float  # arrival, seconds after the first request
+    prompt: str
+    output_tokens: int
+
+
+def load_trace(path: Path, seconds: float, words: list[str], speed: float) -> list[TraceRequest]:
+    blocks: dict[int, list[str]] = {}
+
+    def block(hash_id: int) -> list[str]:
+        if hash_id not in blocks:
+            rng = random.Random(hash_id)
+            blocks[hash_id] = [rng.choice(words) for _ in range(BLOCK_TOKENS)]
+        return blocks[hash_id]
+
+    out = []
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        at_s = row["timestamp"] / 1000.0
+        if at_s > seconds:
+            break
+        tokens = [w for h in row["hash_ids"] for w in block(h)][: row["input_length"]]
+        out.append(TraceRequest(at_s / speed, " ".join(tokens), max(1, row["output_length"])))
+    return out
+
+
+async def replay(url: str, model: str, requests: list[TraceRequest]) -> LevelResult:
+    """Each request at its time on its own connection, whatever is still running."""
+    host, port = url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    level = LevelResult(concurrency=0)
+
+    async def one(index: int, req: TraceRequest) -> None:
+        conn = Connection(host, int(port))
+        body: dict[str, object] = {
+            "model": model,
+            "prompt": req.prompt,
+            "max_tokens": req.output_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        try:
+            res = await conn.stream_completion("/v1/completions", body)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            res = RequestResult(False, error=repr(exc))
+        finally:
+            conn.close()
+        res.start_index = index
+        level.results.append(res)
+
+    start = time.perf_counter()
+    tasks = []
+    for i, req in enumerate(requests):
+        await asyncio.sleep(max(0.0, start + req.at_s - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(i, req)))
+    await asyncio.gather(*tasks)
+    level.wall_s = time.perf_counter() - start
+    return level
+
+
+def measure(
+    url: str, model: str, requests: list[TraceRequest], pids: dict[str, int]
+) -> dict[str, Any]:
+    meter = CpuMeter(pids)
+    meter.start()
+    level = asyncio.run(replay(url, model, requests))
+    cpu = meter.stop()
+    row: dict[str, Any] = summarize(level)
+    row.pop("concurrency")
+    ok = [r for r in level.results if r.ok]
+    row["cached_fraction"] = round(
+        sum(r.cached_tokens for r in ok) / max(1, sum(r.prompt_tokens for r in ok)), 4
+    )
+    row["cpu_s"] = cpu
+    fleet_cpu = sum(s for name, s in cpu.items() if name != "load_client")
+    row["cpu_ms_per_request"] = round(1000 * fleet_cpu / max(1, len(ok)), 2)
+    errors = [r.error for r in level.results if not r.ok][:3]
+    if errors:
+        row["first_errors"] = errors
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--trace", type=Path, required=True)
+    ap.add_argument("--seconds", type=float, default=300.0, help="the trace's first seconds")
+    ap.add_argument("--speed", type=float, default=1.0, help="arrivals this many times faster")
+    ap.add_argument("--words", type=Path, required=True, help="one-token words, one per line")
+    ap.add_argument("--model-dir", default=None, help="the model a private fleet serves")
+    ap.add_argument("--model", default=None, help="served model name (default: the dir's name)")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--frontend-arg", action="append", default=[], help="passed to the frontend")
+    ap.add_argument("--url", default=None, help="measure a running system at this base URL")
+    ap.add_argument("--pid", action="append", default=[], help="name=PID of a process to meter")
+    ap.add_argument("--label", default="jetfleet")
+    args = ap.parse_args(argv)
+    words = args.words.read_text().split()
+    requests = load_trace(args.trace, args.seconds, words, args.speed)
+    head = {"label": args.label, "trace": args.trace.name, "seconds": args.seconds}
+    head |= {"requests_in_trace": len(requests), "speed": args.speed}
+    if args.url:
+        pids = dict(item.split("=", 1) for item in args.pid)
+        row = measure(args.url, args.model, requests, {k: int(v) for k, v in pids.items()})
+    else:
+        model = args.model or Path(args.model_dir).name
+        worker_args = (
+            "--model", args.model_dir, "--served-model-name", model, "--speedup", "1",
+            "--block-size", str(args.block_size),
+        )  # fmt: skip
+        with BenchFleet(
+            workers=args.workers,
+            worker_args=worker_args,
+            router="kv",
+            frontend_args=tuple(args.frontend_arg),
+        ) as fleet:
+            row = measure(fleet.url, model, requests, fleet.pids)
+    print(json.dumps(head | row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
