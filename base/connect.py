@@ -114,6 +114,28 @@ async def connect_nats(
     return nc
 
 
+def sever_nats(nc: NATS) -> bool:
+    """Reset the client's TCP connection now (RST, ``SO_LINGER`` 0) and let it reconnect.
+
+    For a process that finds itself cut off (no PONG for a while): what it wrote meanwhile sits
+    in the kernel's send buffer, and a plain close (or nats-py's own stale-connection handling)
+    leaves the kernel sending it, so it lands when the link heals, long after the rest of the
+    fleet has moved on. A reset discards it. nats-py has no public handle on its socket: this is
+    the one place that reaches for it. Returns False when there was no socket to reset."""
+    import socket
+    import struct
+
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    if writer is None or writer.transport is None:
+        return False
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()  # nats-py sees the connection lost and reconnects
+    return True
+
+
 async def close_nats(nc: NATS, timeout_s: int = 5) -> None:
     """Flush what was published, then close (our subscriptions are already gone by now)."""
     with contextlib.suppress(Exception):
