@@ -75,7 +75,17 @@ async def under_fault(
             await runner
         notes["interleaved_requests"] = await load.mark_interleaved()
         row, by = judge(name, load.traces, load.references, time.monotonic())
+        notes["refused_or_error"] = _reasons(by.get("refused", []) + by.get("clear_error", []))
     return Outcome(row, by, notes)
+
+
+def _reasons(traces: list[Trace]) -> dict[str, int]:
+    """How requests ended, by the first word of their end (``refused:503``, ``error:...``)."""
+    out: dict[str, int] = {}
+    for t in traces:
+        key = t.end.split(" ")[0][:60]
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 async def _net(fn: Callable[..., object], *args: object) -> None:
@@ -224,7 +234,7 @@ def power_failure(off_s: float = 5.0) -> Fault:
     the three nodes agree on the requests stream afterwards."""
 
     async def fault(fleet: MultiHostFleet) -> Notes:
-        before = _last_seqs(fleet)
+        before, _ = _stream_seqs(fleet)
         for node in fleet.nats:
             node.kill()
         if fleet.disks:
@@ -236,26 +246,39 @@ def power_failure(off_s: float = 5.0) -> Fault:
         for node in fleet.nats:
             await asyncio.to_thread(node.start, 120.0)
         await asyncio.to_thread(fleet.wait_nats_cluster, 120.0)
-        await wait_for(lambda: _has_leader(fleet, "REQUESTS"), 120, interval=0.5)
-        after = _last_seqs(fleet)
-        per_node = {n.node.name: n.stream_last_seq(fleet.subjects.stream_name("REQUESTS"))
-                    for n in fleet.nats}  # fmt: skip
+        names = set(before)
+        await wait_for(lambda: names <= set(_stream_seqs(fleet)[0]), 120, interval=0.5)
+        after, per_node = _stream_seqs(fleet)
         await _net(fleet.net.heal)
         await wait_streams_current(fleet)
-        lost = {name: seq - after.get(name, 0) for name, seq in before.items()}
         return {
-            "acked_messages_lost": {k: v for k, v in lost.items() if v > 0},
-            "requests_stream_last_seq_per_node": per_node,
+            "acked_messages_lost": {k: v - after[k] for k, v in before.items() if v > after[k]},
+            "lost_per_node": {
+                n: {k: before[k] - seqs.get(k, 0) for k in before if seqs.get(k, 0) < before[k]}
+                for n, seqs in per_node.items()
+            },
         }
 
     return fault
 
 
-def _last_seqs(fleet: MultiHostFleet) -> dict[str, int]:
-    """Per stream, the highest last sequence any node holds."""
-    out: dict[str, int] = {}
+# streams of file storage whose sequence only grows (no deletes, rollups or purges): a lower
+# last sequence after the restart is acknowledged messages gone
+_APPEND_ONLY = ("REQUESTS", "KV", "METRICS", "SCALING", "DLQ")
+
+
+def _stream_seqs(fleet: MultiHostFleet) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Per append-only stream, the last sequence its leader serves; and each node's own."""
+    names = {fleet.subjects.stream_name(s) for s in _APPEND_ONLY}
+    served: dict[str, int] = {}
+    per_node: dict[str, dict[str, int]] = {}
     for node in fleet.nats:
         with contextlib.suppress(OSError, ValueError):
             for name, detail in node.streams().items():
-                out[name] = max(out.get(name, 0), int(detail["state"]["last_seq"]))
-    return out
+                if name not in names:
+                    continue
+                seq = int(detail["state"]["last_seq"])
+                per_node.setdefault(node.node.name, {})[name] = seq
+                if (detail.get("cluster") or {}).get("leader") == node.node.name:
+                    served[name] = seq
+    return served, per_node

@@ -20,6 +20,7 @@ Reusable outside the tests (a benchmark on the same topology): ``with MultiHostF
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -56,6 +57,9 @@ class MultiHostFleet:
         self.redis: HostRedis | None = None
         self.subjects = Subjects()
         self.components: dict[str, subprocess.Popen[bytes]] = {}
+        self.argvs: dict[str, tuple[str, list[str]]] = {}  # name -> (host, argv)
+        self.restarts: dict[str, int] = {}  # as a process supervisor (systemd, k8s) would
+        self._stop = threading.Event()
 
     # ------------------------------------------------------------------ topology
     @property
@@ -123,6 +127,7 @@ class MultiHostFleet:
         argv = cli_command("frontend", *common, "--host", fe.ip, "--port", str(FRONTEND_PORT),
                            *self.frontend_flags)  # fmt: skip
         self.run("fe", "frontend", argv)
+        threading.Thread(target=self._supervise, name="supervisor", daemon=True).start()
         self.wait_ready(self.num_workers)
 
     def start_worker(self, name: str) -> None:
@@ -133,7 +138,18 @@ class MultiHostFleet:
     def run(self, host: str, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         proc = self.net.spawn(self.host(host), argv, self.tmp / "logs" / f"{name}.log")
         self.components[name] = proc
+        self.argvs[name] = (host, argv)
         return proc
+
+    def _supervise(self) -> None:
+        """Restart a component that exits, 1 s later (``Restart=always``, a pod's restart
+        policy): a process that gives up on a dependency at start-up is brought back, as in
+        production; ``restarts`` counts it for the report."""
+        while not self._stop.wait(1.0):
+            for name, proc in list(self.components.items()):
+                if proc.poll() is not None and not self._stop.is_set():
+                    self.restarts[name] = self.restarts.get(name, 0) + 1
+                    self.run(*self.argvs[name][:1], name, self.argvs[name][1])
 
     def log(self, name: str) -> str:
         return (self.tmp / "logs" / f"{name}.log").read_text(errors="replace")
@@ -151,8 +167,8 @@ class MultiHostFleet:
     def wait_ready(self, workers: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            dead = [n for n, p in self.components.items() if p.poll() is not None]
-            assert not dead, f"{dead} exited: {self.log(dead[0])[-3000:]}"
+            looping = [n for n, k in self.restarts.items() if k >= 5]
+            assert not looping, f"{looping} keep exiting: {self.log(looping[0])[-3000:]}"
             if self._frontend_ready() and len(ready_workers(self.nats_url)) >= workers:
                 return
             if time.monotonic() > deadline:
@@ -175,6 +191,7 @@ class MultiHostFleet:
         raise LookupError(f"no node names a leader of {stream}")
 
     def close(self) -> None:
+        self._stop.set()
         self.net.close()  # every process in every namespace, then the namespaces
         for node in self.nats:
             node.proc = None

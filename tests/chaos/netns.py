@@ -1,10 +1,10 @@
 """Hosts as Linux network namespaces on one bridge, with links that can be cut and healed.
 
-Each ``Host`` is a namespace ``jf-{owner pid}-{name}`` with one veth into the bridge
-``jfb{owner pid}`` and its own address in a /24 chosen per run; the machine itself (the root
-namespace: the test's clients) has an address on the bridge too, as host ``CLIENTS``. Processes
-run inside a host with ``ip netns exec`` (the same pid: it execs), each in its own process group,
-and die with this process (``PR_SET_PDEATHSIG``).
+Each ``Host`` is a namespace ``jf-{owner pid}{run letter}-{name}`` with one veth into the
+bridge ``jfb{owner pid}{run letter}`` and its own address in a /24 chosen per run; the machine
+itself (the root namespace: the test's clients) has an address on the bridge too, as host
+``CLIENTS``. Processes run inside a host with ``ip netns exec`` (the same pid: it execs), each in
+its own process group, and die with this process (``PR_SET_PDEATHSIG``).
 
 A cut between two hosts drops every packet between them, silently, as a switch that lost a link:
 each side gets a permanent neighbour entry that sends the other's address to a MAC nobody has, so
@@ -32,6 +32,7 @@ from pathlib import Path
 
 from base.process import die_with_parent
 
+_RUNS = itertools.count()  # one letter per Network of this process: names never reused at once
 CLIENTS = "clients"  # the root namespace: the test process and its load generators
 _BOGUS_MAC = "02:00:00:00:de:ad"
 
@@ -57,14 +58,14 @@ def sweep_stale() -> list[str]:
     removed = []
     listed = _ip("netns", "list", check=False).stdout.split("\n")
     for name in (line.split()[0] for line in listed if line.startswith("jf-")):
-        owner = name.split("-")[1]
+        owner = name.split("-")[1][:-1]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             _kill_namespace_pids(name)
             _ip("netns", "del", name, check=False)
             removed.append(name)
     for line in _ip("-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        owner = name[3:]
+        owner = name[3:-1]
         if name.startswith("jfb") and owner.isdigit() and not Path(f"/proc/{owner}").exists():
             _ip("link", "del", name, check=False)
             removed.append(name)
@@ -94,6 +95,7 @@ class Network:
     """A bridge and its hosts; ``close`` removes everything (idempotent)."""
 
     owner: int = field(default_factory=os.getpid)
+    run: str = field(default_factory=lambda: "abcdefghijklmnopqrstuvwxyz"[next(_RUNS) % 26])
     hosts: dict[str, Host] = field(default_factory=dict)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     cuts: set[frozenset[str]] = field(default_factory=set)
@@ -102,7 +104,7 @@ class Network:
 
     @property
     def bridge(self) -> str:
-        return f"jfb{self.owner}"
+        return f"jfb{self.owner}{self.run}"
 
     def open(self) -> None:
         require_netns()
@@ -125,8 +127,10 @@ class Network:
 
     def add_host(self, name: str) -> Host:
         i = len(self.hosts) + 1
-        ns, veth = f"jf-{self.owner}-{name}", f"jf{self.owner}v{i}"
+        ns, veth = f"jf-{self.owner}{self.run}-{name}", f"jf{self.owner}{self.run}{i}"
         ip = f"{self.subnet}.{i + 1}"
+        host = Host(name, ns, ip, veth)
+        self.hosts[name] = host  # from now on close() removes it, even if the rest fails
         _ip("netns", "add", ns)
         _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
         _ip("link", "set", f"{veth}p", "netns", ns)
@@ -136,8 +140,6 @@ class Network:
         _ip(*inside, "addr", "add", f"{ip}/24", "dev", "eth0")
         _ip(*inside, "link", "set", "eth0", "up")
         _ip(*inside, "link", "set", "lo", "up")
-        host = Host(name, ns, ip, veth)
-        self.hosts[name] = host
         return host
 
     def spawn(
@@ -211,6 +213,7 @@ class Network:
         for host in self.hosts.values():
             if host.ns:
                 _kill_namespace_pids(host.ns)
+                _ip("link", "del", host.veth, check=False)  # both ends, now
                 _ip("netns", "del", host.ns, check=False)
         _ip("link", "del", self.bridge, check=False)
         deadline = time.monotonic() + 5

@@ -223,13 +223,15 @@ class HostRedis:
             with contextlib.suppress(Exception), self.client(host, SENTINEL_PORT) as s:
                 addr = s.sentinel_get_master_addr_by_name(SERVICE)
                 if addr:
-                    votes[str(addr[0])] = votes.get(str(addr[0]), 0) + 1
+                    ip = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
+                    votes[ip] = votes.get(ip, 0) + 1
         best = max(votes.items(), key=lambda kv: kv[1], default=None)
         return best[0] if best is not None and best[1] >= 2 else None
 
     def role(self, host: Host) -> str:
         with contextlib.suppress(Exception), self.client(host) as r:
-            return str(r.info("replication").get("role"))
+            role = r.info("replication").get("role")
+            return role.decode() if isinstance(role, bytes) else str(role)
         return "unreachable"
 
     def writes(self, host: Host) -> int:
