@@ -250,8 +250,8 @@ class EmbeddedNats(_Server):
             js.append(f"max_memory_store: {self.max_memory_store}")
         if self.max_file_store is not None:
             js.append(f"max_file_store: {self.max_file_store}")
-        if self.sync_interval is not None:
-            js.append(f"sync_interval: {self.sync_interval}")
+        if self.sync_interval is not None:  # a period quoted: unquoted, 2m reads as 2 million
+            js.append(f"sync_interval: {json.dumps(self.sync_interval)}")
         lines = [
             f"host: {json.dumps(self.host)}",
             f"port: {self.port or -1}",  # -1: random port, read back from the log
