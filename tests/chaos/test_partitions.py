@@ -81,10 +81,7 @@ SURVIVED = {
     "NATS requests leader paused 10 s": (nats_pause(10.0), {}),
     "Redis primary partitioned 30 s": (redis_primary_partition(30.0), {}),
     "frontend partitioned from NATS 30 s": (frontend_partition(30.0), {}),
-    "power failure, sync_interval always": (
-        power_failure(),
-        {"disks": True, "sync_interval": "always"},
-    ),
+    "power failure, sync_interval always": (power_failure(), {"disks": True}),
 }
 
 
