@@ -139,6 +139,7 @@ async def watch_liveness(nc: NATS, name: str, silent_after_s: float, every_s: fl
     ok_at = time.monotonic()
     while not nc.is_closed:
         await asyncio.sleep(every_s)
+        reconnects = nc.stats["reconnects"]
         if not nc.is_connected:  # reconnecting: nats-py is on it
             ok_at = time.monotonic()
             continue
@@ -146,6 +147,9 @@ async def watch_liveness(nc: NATS, name: str, silent_after_s: float, every_s: fl
             await nc.flush(timeout=silent_after_s)  # type: ignore[arg-type]
             ok_at = time.monotonic()
         except Exception:
+            if nc.stats["reconnects"] != reconnects:  # that PING went to the connection before
+                ok_at = time.monotonic()
+                continue
             silent = time.monotonic() - ok_at
             if nc.is_connected and silent >= silent_after_s and sever_nats(nc):
                 log.warning("nats_server_silent", client=name, silent_s=round(silent, 1))

@@ -81,9 +81,12 @@ class Fence:
         was_holding = self.holding
         if not self.nc.is_connected:
             return
+        reconnects = self.reconnects()
         try:
             await self.nc.flush(timeout=self.sever_s)  # type: ignore[arg-type]
         except Exception:
+            if self.reconnects() != reconnects:  # that PING went to the connection before
+                return
             if time.monotonic() - self._ok_at >= self.sever_s and sever_nats(self.nc):
                 self.severed += 1
                 log.warning("nats_severed", silent_s=round(time.monotonic() - self._ok_at, 2))
