@@ -11,11 +11,12 @@ Verdicts for an accepted request (exactly one):
 - ``completed``: it ended once, with a finish reason, and its output equals the reference;
 - ``clear error``: it ended once with an error the client can read (an SSE error event, an error
   chunk);
-- ``duplicated``: its output repeats or interleaves tokens (not equal to the reference although
-  it ended "complete"), or its token stream carried chunks of an older attempt after a newer one
-  (``interleaved``, from the stream's own order, see ``attempts_interleaved``);
+- ``duplicated``: it ended "complete" with an output as long as the reference or longer but not
+  equal to it (tokens repeated, spliced or reordered), or its token stream carried chunks of an
+  older attempt after a newer one (``interleaved``, in the stream's own order, see
+  ``attempts_interleaved``);
 - ``lost``: it never ended within the bound, or it ended without a final chunk or error (a
-  stream cut off, a truncated answer).
+  stream cut off), or with fewer tokens than the reference (a truncated answer).
 A request that was not accepted (a 503, a refused connection, an unacknowledged submit) is a
 ``refused``: a clear error by construction, counted apart.
 
@@ -69,8 +70,12 @@ def verdict(trace: Trace, reference: Sequence[object] | None) -> Verdict:
     ref = _joined_ref(trace, reference)
     if out == ref:
         return "completed"
-    # longer, or not a prefix: tokens repeated or spliced in; shorter: tokens missing
-    return "duplicated" if len(out) > len(ref) or not ref.startswith(out) else "lost"
+    # as long or longer: tokens repeated or spliced in; shorter: tokens missing
+    return "duplicated" if _length(trace, out) >= _length(trace, ref) else "lost"
+
+
+def _length(trace: Trace, joined: str) -> int:
+    return len(joined) if trace.kind == "http" else len(joined.split(",")) if joined else 0
 
 
 def _joined(trace: Trace) -> str:

@@ -122,7 +122,7 @@ class Load:
                 trace.end, trace.ended_at = "refused:submit not acknowledged", time.monotonic()
                 return
             trace.accepted_at = time.monotonic()
-            seen: set[tuple[int, int]] = set()
+            seen: dict[tuple[int, int], TokenChunk] = {}
             while True:
                 msg = await sub.next_msg(timeout=self.bound_s)
                 chunk = decode(msg.data, TokenChunk)
@@ -131,16 +131,18 @@ class Load:
                 if chunk.finish_reason is not None:
                     break
             if any(trace.sent_at <= t for t in self._reconnected_at):
-                await self._reread(trace)
+                await self._fill_gaps(trace, seen)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    def _take(self, trace: Trace, chunk: TokenChunk, seen: set[tuple[int, int]]) -> bool:
+    def _take(
+        self, trace: Trace, chunk: TokenChunk, seen: dict[tuple[int, int], TokenChunk]
+    ) -> bool:
         key = (chunk.attempt, chunk.index)
         if key in seen:
             return False
-        seen.add(key)
+        seen[key] = chunk
         trace.arrivals.append(time.monotonic())
         trace.output.extend(chunk.token_ids)
         if chunk.finish_reason == "error":
@@ -162,15 +164,12 @@ class Load:
                 await asyncio.sleep(0.25)
         return False
 
-    async def _reread(self, trace: Trace) -> None:
-        """The request's chunks again, from the stream, in its order (the same protocol)."""
-        chunks = await self.stream_chunks(self.subjects.tok(trace.request_id))
-        trace.output.clear()
-        end, ended_at = trace.end, trace.ended_at
-        seen: set[tuple[int, int]] = set()
-        for chunk in chunks:
-            self._take(trace, chunk, seen)
-        trace.end, trace.ended_at = end, ended_at
+    async def _fill_gaps(self, trace: Trace, seen: dict[tuple[int, int], TokenChunk]) -> None:
+        """After its connection came back: the chunks it saw live and those the stream holds
+        (what went by while it was away), each once, in ``(attempt, index)`` order."""
+        for chunk in await self.stream_chunks(self.subjects.tok(trace.request_id)):
+            seen.setdefault((chunk.attempt, chunk.index), chunk)
+        trace.output = [t for key in sorted(seen) for t in seen[key].token_ids]
 
     async def stream_chunks(self, subject: str, idle_s: float = 2.0) -> list[TokenChunk]:
         """Every chunk ``FLEET_TOKENS`` holds on ``subject`` (wildcards too), in stream order."""
