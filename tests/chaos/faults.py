@@ -76,6 +76,10 @@ async def under_fault(
         notes["interleaved_requests"] = await load.mark_interleaved()
         row, by = judge(name, load.traces, load.references, time.monotonic())
         notes["refused_or_error"] = _reasons(by.get("refused", []) + by.get("clear_error", []))
+        bad = by.get("lost", []) + by.get("duplicated", [])
+        notes["lost_or_duplicated_by_client"] = {
+            kind: sum(t.kind == kind for t in bad) for kind in ("http", "nats")
+        }
     return Outcome(row, by, notes)
 
 

@@ -60,7 +60,12 @@ class Load:
         async def on_reconnect() -> None:
             self._reconnected_at.append(time.monotonic())
 
-        self._nc = await connect_nats(self.nats_url, "chaos-load", on_reconnect=[on_reconnect])
+        async def quiet(_exc: Exception) -> None:  # every failed reconnect of an outage
+            return None
+
+        self._nc = await connect_nats(
+            self.nats_url, "chaos-load", on_reconnect=[on_reconnect], error_cb=quiet
+        )
         timeout = httpx.Timeout(connect=5.0, read=self.bound_s, write=10.0, pool=self.bound_s)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
         self._http = httpx.AsyncClient(timeout=timeout, limits=limits)

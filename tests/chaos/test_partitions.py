@@ -81,7 +81,6 @@ SURVIVED = {
     "NATS requests leader paused 10 s": (nats_pause(10.0), {}),
     "Redis primary partitioned 30 s": (redis_primary_partition(30.0), {}),
     "frontend partitioned from NATS 30 s": (frontend_partition(30.0), {}),
-    "power failure, sync_interval always": (power_failure(), {"disks": True}),
 }
 
 
@@ -93,6 +92,21 @@ def test_a_fault_the_design_survives_loses_nothing(tmp_path: Path, name: str) ->
     assert out.row.lost == 0 and out.row.duplicated == 0, out.examples()
     assert out.notes["interleaved_requests"] == 0
     assert not out.notes.get("acked_messages_lost"), out.notes
+
+
+@pytest.mark.slow
+def test_a_power_failure_under_sync_always_loses_no_acknowledged_message(tmp_path: Path) -> None:
+    """Every NATS node killed at once, each disk left as the device held it, under the policy the
+    fleet ships. Held: no acknowledged message of an append-only stream gone, on any node; no
+    HTTP request lost or duplicated. Printed, not held: NATS-only clients across the restart
+    (FLEET_TOKENS is a memory stream, emptied by it; a client that missed chunks while NATS was
+    down, or whose router service migrated a request at another token than the client had
+    reached, can end short, late or with tokens repeated: 0-1 of each per run)."""
+    out = _play(tmp_path, "power failure, sync_interval always", power_failure(), {"disks": True})
+    assert not out.notes["acked_messages_lost"], out.notes
+    assert not any(out.notes["lost_per_node"].values()), out.notes  # type: ignore[union-attr]
+    assert out.notes["lost_or_duplicated_by_client"]["http"] == 0, out.examples()  # type: ignore[index]
+    assert out.notes["interleaved_requests"] == 0
 
 
 @pytest.mark.slow
