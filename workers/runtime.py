@@ -231,9 +231,23 @@ class WorkerRuntime:
             await dead_letter(self.nc, self.subjects, "worker", msg, f"wrong model {req.model!r}")
             await msg.term()
             return
+        if self._late(msg) and await self.fence.moved_on({key}):
+            self.log.info("request_fenced", request_id=req.request_id, attempt=req.attempt)
+            self._done[key] = None  # delivered after routers moved it on: not run at all
+            await msg.ack()
+            return
         if current is not None:  # a newer attempt of a request we still run: replace it
             self.engine.abort(req.request_id)
         self._admit(req, msg)
+
+    def _late(self, msg: Msg) -> bool:
+        """Redelivered, or stored longer ago than the registration TTL: routers may have
+        expired this worker meanwhile and migrated the request (see ``workers.fence``)."""
+        try:
+            meta = msg.metadata
+        except Exception:  # not a JetStream delivery
+            return False
+        return meta.num_delivered > 1 or time.time() - meta.timestamp.timestamp() > self.cfg.ttl_s
 
     async def _refuse(self, req: Request, msg: Msg, problem: str) -> None:
         """A decodable but invalid request: terminated (never redelivered to another worker),
