@@ -128,13 +128,16 @@ class Load:
                 return
             trace.accepted_at = time.monotonic()
             seen: dict[tuple[int, int], TokenChunk] = {}
-            while True:
-                msg = await sub.next_msg(timeout=self.bound_s)
-                chunk = decode(msg.data, TokenChunk)
-                if not self._take(trace, chunk, seen):
+            caught_up = len(self._reconnected_at)
+            while not trace.ended_at:
+                try:
+                    msg = await sub.next_msg(timeout=1.0)
+                except Exception:  # quiet: if this client reconnected meanwhile, catch up
+                    if len(self._reconnected_at) > caught_up:
+                        caught_up = len(self._reconnected_at)
+                        await self._fill_gaps(trace, seen)
                     continue
-                if chunk.finish_reason is not None:
-                    break
+                self._take(trace, decode(msg.data, TokenChunk), seen)
             if any(trace.sent_at <= t for t in self._reconnected_at):
                 await self._fill_gaps(trace, seen)
         finally:
@@ -170,10 +173,13 @@ class Load:
         return False
 
     async def _fill_gaps(self, trace: Trace, seen: dict[tuple[int, int], TokenChunk]) -> None:
-        """After its connection came back: the chunks it saw live and those the stream holds
-        (what went by while it was away), each once, in ``(attempt, index)`` order."""
-        for chunk in await self.stream_chunks(self.subjects.tok(trace.request_id)):
-            seen.setdefault((chunk.attempt, chunk.index), chunk)
+        """After its connection came back (as the frontend does): the chunks it saw live and
+        those the stream holds (what went by while it was away, the final one too), each once,
+        in ``(attempt, index)`` order."""
+        with contextlib.suppress(Exception):  # the stream electing: the next quiet second retries
+            for chunk in await self.stream_chunks(self.subjects.tok(trace.request_id)):
+                if (chunk.attempt, chunk.index) not in seen:
+                    self._take(trace, chunk, seen)
         trace.output = [t for key in sorted(seen) for t in seen[key].token_ids]
 
     async def stream_chunks(self, subject: str, idle_s: float = 2.0) -> list[TokenChunk]:
