@@ -7,9 +7,11 @@ sentinels' own if they require one)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,10 +86,23 @@ def nats_security_options(env: dict[str, str] | None = None) -> dict[str, Any]:
     return opts
 
 
+_WATCHDOGS: set[asyncio.Task[None]] = set()  # the running liveness watchdogs (kept referenced)
+
+
 async def connect_nats(
-    url: str, name: str, on_reconnect: list[Hook] | None = None, **kw: Any
+    url: str,
+    name: str,
+    on_reconnect: list[Hook] | None = None,
+    silent_after_s: float | None = 5.0,
+    **kw: Any,
 ) -> NATS:
     """Connect with endless reconnects (0.5 s apart) and structlog'd connection events.
+
+    ``silent_after_s``: a server that has not answered a PING for this long is given up: the
+    connection is reset (``sever_nats``) and the client reconnects to another node. A node cut
+    off by a partition, or paused, looks alive to TCP for minutes, and nats-py's own stale check
+    (``ping_interval`` x ``max_outstanding_pings``) takes a minute and closes gracefully, which
+    waits on a send buffer the dead link never drains (``watch_liveness``). None: no watchdog.
 
     ``url`` may list several servers of a cluster, comma-separated (``nats://a:4222,nats://b:4222``):
     the client connects to any and reconnects to the others (and to those the cluster announces).
@@ -111,7 +126,55 @@ async def connect_nats(
     servers = [u.strip() for u in url.split(",") if u.strip()]  # a cluster: any of its nodes
     nc = await nats.connect(servers if len(servers) > 1 else url, **opts)
     client.append(nc)
+    if silent_after_s is not None:
+        task = asyncio.create_task(watch_liveness(nc, name, silent_after_s))
+        _WATCHDOGS.add(task)
+        task.add_done_callback(_WATCHDOGS.discard)
     return nc
+
+
+async def watch_liveness(nc: NATS, name: str, silent_after_s: float, every_s: float = 1.0) -> None:
+    """PING the server every ``every_s``; with no PONG for ``silent_after_s``, sever. Ends when
+    the client is closed."""
+    ok_at = time.monotonic()
+    while not nc.is_closed:
+        await asyncio.sleep(every_s)
+        reconnects = nc.stats["reconnects"]
+        if not nc.is_connected:  # reconnecting: nats-py is on it
+            ok_at = time.monotonic()
+            continue
+        try:
+            await nc.flush(timeout=silent_after_s)  # type: ignore[arg-type]
+            ok_at = time.monotonic()
+        except Exception:
+            if nc.stats["reconnects"] != reconnects:  # that PING went to the connection before
+                ok_at = time.monotonic()
+                continue
+            silent = time.monotonic() - ok_at
+            if nc.is_connected and silent >= silent_after_s and sever_nats(nc):
+                log.warning("nats_server_silent", client=name, silent_s=round(silent, 1))
+
+
+def sever_nats(nc: NATS) -> bool:
+    """Reset the client's TCP connection now (RST, ``SO_LINGER`` 0) and let it reconnect.
+
+    For a process that finds itself cut off (no PONG for a while): what it wrote meanwhile sits
+    in the kernel's send buffer, and a plain close (or nats-py's own stale-connection handling)
+    leaves the kernel sending it, so it lands when the link heals, long after the rest of the
+    fleet has moved on. A reset discards it. nats-py has no public handle on its socket: this is
+    the one place that reaches for it. Returns False when there was no socket to reset."""
+    import socket
+    import struct
+
+    writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+    if writer is None or writer.transport is None:
+        return False
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()  # nats-py sees the connection lost and reconnects
+    return True
 
 
 async def close_nats(nc: NATS, timeout_s: int = 5) -> None:

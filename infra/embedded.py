@@ -213,6 +213,7 @@ class EmbeddedNats(_Server):
         max_memory_store: int | None = None,
         max_file_store: int | None = None,
         extra_config: str = "",
+        sync_interval: str | None = None,
     ) -> None:
         super().__init__(data_dir, port, host)
         # e.g. the accounts and permissions of infra/deploy/nats-accounts.conf; with auth on,
@@ -227,6 +228,9 @@ class EmbeddedNats(_Server):
         # reservation is bookkeeping, memory is used only by what is actually stored.
         self.max_memory_store = max_memory_store
         self.max_file_store = max_file_store
+        # JetStream's fsync policy: "always" (every write synced before it is acknowledged) or
+        # a period such as "2m" (nats-server's own default when unset)
+        self.sync_interval = sync_interval
 
     @property
     def url(self) -> str:
@@ -246,6 +250,8 @@ class EmbeddedNats(_Server):
             js.append(f"max_memory_store: {self.max_memory_store}")
         if self.max_file_store is not None:
             js.append(f"max_file_store: {self.max_file_store}")
+        if self.sync_interval is not None:  # a period quoted: unquoted, 2m reads as 2 million
+            js.append(f"sync_interval: {json.dumps(self.sync_interval)}")
         lines = [
             f"host: {json.dumps(self.host)}",
             f"port: {self.port or -1}",  # -1: random port, read back from the log

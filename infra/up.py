@@ -65,7 +65,7 @@ def _fleet_servers(args: argparse.Namespace) -> tuple[str, str, list[EmbeddedNat
 
     try:
         nats_url = getattr(args, "nats", None) or embedded(
-            EmbeddedNats(state / "nats", port=args.nats_port)
+            EmbeddedNats(state / "nats", port=args.nats_port, sync_interval=args.nats_sync_interval)
         )
         redis_url = getattr(args, "redis", None) or embedded(
             EmbeddedRedis(state / "redis", port=args.redis_port)

@@ -12,7 +12,7 @@ from infra.embedded import EmbeddedNats, free_port
 
 
 class NatsCluster:
-    def __init__(self, tmp: Path, size: int = 3) -> None:
+    def __init__(self, tmp: Path, size: int = 3, sync_interval: str | None = None) -> None:
         routes = [free_port() for _ in range(size)]
         self.nodes: list[EmbeddedNats] = []
         for i, port in enumerate(routes):
@@ -21,7 +21,10 @@ class NatsCluster:
                 f'server_name: "n{i}"\n'
                 f'cluster {{ name: "jf", listen: "127.0.0.1:{port}", routes: [{others}] }}'
             )
-            self.nodes.append(EmbeddedNats(tmp / f"n{i}", port=free_port(), extra_config=cluster))
+            node = EmbeddedNats(
+                tmp / f"n{i}", port=free_port(), extra_config=cluster, sync_interval=sync_interval
+            )
+            self.nodes.append(node)
 
     @property
     def url(self) -> str:

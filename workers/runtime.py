@@ -46,6 +46,7 @@ from schemas import (
     ControlRequest,
     KvEventBatch,
     Request,
+    TokenChunk,
     WireDecodeError,
     decode,
     encode,
@@ -59,6 +60,7 @@ from schemas.trace import parse_traceparent
 from schemas.validate import is_subject_token, request_problem
 from workers.config import WorkerConfig
 from workers.engine import Engine, EngineHooks, EngineRequest
+from workers.fence import Fence
 from workers.kv_batching import split_events
 from workers.metrics import WorkerMetrics
 from workers.recent_chunks import RecentChunks
@@ -117,6 +119,8 @@ class WorkerRuntime:
         self._recent = RecentChunks()  # published again after a NATS reconnect
         self._loop = asyncio.get_running_loop()
         self.failure: str | None = None  # why the engine died, if it did
+        self.fence = Fence(nc, cfg.subjects, cfg.ttl_s, self._resume)
+        self._fenced: set[tuple[str, int]] = set()  # (id, attempt) moved on: publish nothing
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -152,6 +156,7 @@ class WorkerRuntime:
             asyncio.create_task(self._pool_loop(), name="pool"),
             asyncio.create_task(self._in_progress_loop(), name="in-progress"),
             asyncio.create_task(self._load_loop(), name="load"),
+            asyncio.create_task(self.fence.probe_loop(), name="fence"),
         ]
         self._capacity.set()
         self.log.info("worker_consuming", subject=s.req_worker(cfg.model_name, cfg.worker_id))
@@ -226,9 +231,23 @@ class WorkerRuntime:
             await dead_letter(self.nc, self.subjects, "worker", msg, f"wrong model {req.model!r}")
             await msg.term()
             return
+        if self._late(msg) and await self.fence.moved_on({key}):
+            self.log.info("request_fenced", request_id=req.request_id, attempt=req.attempt)
+            self._done[key] = None  # delivered after routers moved it on: not run at all
+            await msg.ack()
+            return
         if current is not None:  # a newer attempt of a request we still run: replace it
             self.engine.abort(req.request_id)
         self._admit(req, msg)
+
+    def _late(self, msg: Msg) -> bool:
+        """Redelivered, or stored longer ago than the registration TTL: routers may have
+        expired this worker meanwhile and migrated the request (see ``workers.fence``)."""
+        try:
+            meta = msg.metadata
+        except Exception:  # not a JetStream delivery
+            return False
+        return meta.num_delivered > 1 or time.time() - meta.timestamp.timestamp() > self.cfg.ttl_s
 
     async def _refuse(self, req: Request, msg: Msg, problem: str) -> None:
         """A decodable but invalid request: terminated (never redelivered to another worker),
@@ -340,7 +359,13 @@ class WorkerRuntime:
         task = asyncio.ensure_future(self._flush())
         task.add_done_callback(_log_task_error)
 
+    def _resume(self) -> None:
+        self._dirty.update(self.active)
+        self._spawn_flush()
+
     async def _flush(self) -> None:
+        if self.fence.holding and not self._stopping:  # cut off: nothing goes on the wire
+            return  # (the dirty set stays: the fence's resume flushes it)
         dirty, self._dirty = self._dirty, set()
         publish = self.nc.publish
         tok = self.subjects.tok
@@ -356,24 +381,35 @@ class WorkerRuntime:
         for ar in ready:
             rid = ar.request.request_id
             subject, payload = tok(rid), encode(ar.take_chunk())
-            await publish(subject, payload)
-            self._recent.add(now, subject, payload)
+            if (rid, ar.request.attempt) not in self._fenced:
+                await publish(subject, payload)
+                self._recent.add(now, subject, payload)
             if ar.final_sent:
                 finished.append(ar)
         for ar in finished:
             await self._finish(ar)
 
     async def republish_recent(self) -> None:
-        """After a NATS reconnect: the chunks of the last seconds again (see RecentChunks)."""
-        again = self._recent.since(time.monotonic())
+        """After a NATS reconnect: fence the requests that moved on elsewhere meanwhile (see
+        ``workers.fence``), then publish the chunks of the last seconds again (RecentChunks)."""
+        reconnects = self.fence.reconnects()
+        recent = [(s, p, decode(p, TokenChunk)) for s, p in self._recent.since(time.monotonic())]
+        running = {(r, ar.request.attempt) for r, ar in self.active.items()}
+        moved = await self.fence.moved_on(running | {(c.request_id, c.attempt) for *_, c in recent})
+        for rid in moved & self.active.keys():
+            self._fenced.add((rid, self.active[rid].request.attempt))
+            self.engine.abort(rid)
+        again = [(s, p) for s, p, c in recent if c.request_id not in moved]
         for subject, payload in again:
             await self.nc.publish(subject, payload)
-        self.log.info("chunks_republished", chunks=len(again))
+        self.log.info("chunks_republished", chunks=len(again), fenced=sorted(moved))
+        self.fence.checked(reconnects)
 
     async def _finish(self, ar: ActiveRequest) -> None:
         rid = ar.request.request_id
         if self.active.get(rid) is ar:
             del self.active[rid]
+        self._fenced.discard((rid, ar.request.attempt))
         self._done[(rid, ar.request.attempt)] = None
         if len(self._done) > _RECENT_DONE:
             self._done.popitem(last=False)
@@ -413,8 +449,11 @@ class WorkerRuntime:
         except WireDecodeError as exc:
             await dead_letter(self.nc, self.subjects, "worker", msg, str(exc))
             return
-        if cancel.request_id in self.active:
+        ar = self.active.get(cancel.request_id)
+        if ar is not None:
             self.log.info("request_cancelled", request_id=cancel.request_id, reason=cancel.reason)
+            if cancel.reason == "migrated":  # its stream moved on: not even an abort chunk
+                self._fenced.add((cancel.request_id, ar.request.attempt))
             self.engine.abort(cancel.request_id)
 
     async def _on_control(self, msg: Msg) -> None:

@@ -13,6 +13,15 @@ from schemas import Subjects
 
 COMMANDS = ("up", "servers", "infra", "publish", "status")
 
+# JetStream's fsync policy of the embedded NATS (docs/operating/reliability-multihost.md)
+NATS_SYNC_FLAG = ("--nats-sync-interval",)
+NATS_SYNC_OPTS: dict[str, Any] = {
+    "default": "always",
+    "help": "embedded NATS: when JetStream fsyncs. 'always' (default): every write is on disk "
+    "before it is acknowledged; a period such as 2m (nats-server's own default) acknowledges at "
+    "once and a power cut loses what was not yet written back",
+}
+
 
 def add_commands(sub: Any) -> None:
     up = sub.add_parser(
@@ -31,6 +40,7 @@ def add_commands(sub: Any) -> None:
     )
     g.add_argument("--nats-port", type=int, default=14222, help="embedded NATS (default: 14222)")
     g.add_argument("--redis-port", type=int, default=16379, help="embedded Redis (default: 16379)")
+    g.add_argument(*NATS_SYNC_FLAG, **NATS_SYNC_OPTS)
     g.add_argument(
         "--nats",
         default=None,
@@ -81,6 +91,7 @@ def add_commands(sub: Any) -> None:
     add_common(srv, nats=False)
     srv.add_argument("--nats-port", type=int, default=14222, help="NATS port (0: any free one)")
     srv.add_argument("--redis-port", type=int, default=16379, help="Redis port (0: any free one)")
+    srv.add_argument(*NATS_SYNC_FLAG, **NATS_SYNC_OPTS)
     srv.add_argument("--state-dir", default=".jetfleet", help="server data and logs")
 
     infra = sub.add_parser("infra", help="infrastructure")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis
 from tests.e2e.fleet import free_port
+from tests.nats_cluster import NatsCluster
 from tests.up import ready_workers
 
 
@@ -22,6 +24,8 @@ class BenchFleet:
     router: str = "round-robin"
     frontend_args: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()  # one worker per role given (instead of ``workers`` agg ones)
+    nats_nodes: int = 1  # 3: a NATS cluster on loopback, every stream at R3
+    nats_sync_interval: str | None = None  # JetStream's fsync policy (None: the server default)
     url: str = ""
     pids: dict[str, int] = field(default_factory=dict)
 
@@ -35,12 +39,20 @@ class BenchFleet:
     def _start(self) -> BenchFleet:
         self._tmp = tempfile.TemporaryDirectory(prefix="jetfleet-bench-")
         tmp = Path(self._tmp.name)
-        self.nats = EmbeddedNats(tmp / "nats", port=0)
-        self.nats.start()
+        if self.nats_nodes > 1:
+            self.cluster = NatsCluster(tmp / "nats", self.nats_nodes, self.nats_sync_interval)
+            self.cluster.start()
+            nats_url = self.cluster.url
+            init = cli_command("infra", "init", "--nats", nats_url, "--replicas", "3")
+            subprocess.run(init, check=True, capture_output=True, timeout=120)
+        else:
+            self.nats = EmbeddedNats(tmp / "nats", port=0, sync_interval=self.nats_sync_interval)
+            self.nats.start()
+            nats_url = self.nats.url
         self.redis = EmbeddedRedis(tmp / "redis", port=0)
         self.redis.start()
         self.group = ProcessGroup(tmp / "logs")
-        common = ["--nats", self.nats.url, "--log-level", "warning"]
+        common = ["--nats", nats_url, "--log-level", "warning"]
         roles = self.roles or ("agg",) * self.workers
         for i, role in enumerate(roles):
             argv = cli_command("worker", *common, "--role", role, *self.worker_args)
@@ -66,19 +78,23 @@ class BenchFleet:
         )
         self.url = f"http://127.0.0.1:{port}"
         wait_http_ok(f"{self.url}/ready", 60, self.group)
-        self._wait_registered(len(roles), 60)
+        self._wait_registered(nats_url, len(roles), 60)
         self.pids = {name: c.proc.pid for name, c in self.group.children.items()}
-        self.pids["nats-server"] = self.nats.pid
+        if self.nats_nodes > 1:
+            for i, node in enumerate(self.cluster.nodes):
+                self.pids[f"nats-server-{i}"] = node.pid
+        else:
+            self.pids["nats-server"] = self.nats.pid
         self.pids["redis-server"] = self.redis.pid
         return self
 
-    def _wait_registered(self, n: int, timeout_s: float) -> None:
+    def _wait_registered(self, nats_url: str, n: int, timeout_s: float) -> None:
         """Until all ``n`` workers are registered and ready: the frontend is ready with the first
         one, and a run started then put its first burst on fewer workers (a split fleet's first
         requests found no prefill worker and prefilled locally)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            rows = ready_workers(self.nats.url)
+            rows = ready_workers(nats_url)
             if len(rows) >= n:
                 return
             if dead := self.group.exited():
@@ -96,4 +112,6 @@ class BenchFleet:
         for server in (getattr(self, "redis", None), getattr(self, "nats", None)):
             if server is not None:
                 server.stop()
+        if hasattr(self, "cluster"):
+            self.cluster.stop()
         self._tmp.cleanup()

@@ -30,6 +30,17 @@ def test_serving_bench():
     assert set(level["cpu_s"]) >= {"frontend", "worker-0", "nats-server", "load_client"}
 
 
+def test_sync_policy_bench():
+    args = ("--concurrency", "2", "--requests", "10", "--output-tokens", "8", "--reps", "1")
+    d = run_bench("sync_policy", *args)
+    assert set(d["policies"]) == {"default", "always"}
+    for rows in d["policies"].values():
+        (level,) = rows
+        assert level["errors"] == 0 and level["requests_per_s"] > 0
+    (ratio,) = d["always_vs_default"]
+    assert ratio["concurrency"] == 2 and ratio["requests_per_s"] > 0
+
+
 def test_routing_quality_bench():
     d = run_bench(
         "routing_quality",

@@ -77,6 +77,23 @@ def test_nats_monitoring_and_store_limits(tmp_path: Path) -> None:
         assert config["store_dir"].startswith(str(server.store_dir))
 
 
+@pytest.mark.parametrize(
+    ("sync", "interval_ns", "always"),
+    [("always", 120_000_000_000, True), ("2m", 120_000_000_000, None), ("10s", 10**10, None)],
+)
+def test_nats_runs_the_sync_policy_it_was_given(
+    tmp_path: Path, sync: str, interval_ns: int, always: bool | None
+) -> None:
+    """What the server reports running (/varz), not what the config file says: an unquoted
+    ``sync_interval: 2m`` is read as 2 million seconds (23 days)."""
+    with EmbeddedNats(tmp_path, port=0, monitor_port=0, sync_interval=sync) as nats:
+        assert nats.monitor_url is not None
+        with urllib.request.urlopen(f"{nats.monitor_url}/varz", timeout=5) as r:
+            config = json.load(r)["jetstream"]["config"]
+    assert config["sync_interval"] == interval_ns
+    assert config.get("sync_always") == always
+
+
 async def test_nats_restart_keeps_port_and_streams(tmp_path: Path) -> None:
     server = EmbeddedNats(tmp_path)
     await server.start_async()
