@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import wait_for
 from workers.engines.vllm import lifeline
 from workers.engines.vllm.config import VllmEngineConfig, engine_args_kwargs
-from workers.engines.vllm.platform import cpu_environment
+from workers.engines.vllm.platform import cpu_dtype, cpu_environment, read_cpu_flags
 
 CFG = VllmEngineConfig(model="/m")
 
@@ -46,6 +46,27 @@ def test_cpu_environment(
     cfg: VllmEngineConfig, environ: dict[str, str], want: dict[str, str]
 ) -> None:
     assert cpu_environment(cfg, environ, cpu_count=4) == want
+
+
+@pytest.mark.parametrize(
+    ("requested", "flags", "want"),
+    [
+        ("auto", {"avx", "avx2", "fma"}, "float32"),  # AVX2 only (this machine): no native bf16
+        ("auto", {"avx512f", "avx512_bf16"}, "auto"),  # vLLM's choice: bfloat16, fast there
+        ("auto", {"amx_bf16"}, "auto"),
+        ("auto", {"fp", "asimd", "bf16"}, "auto"),  # Arm with BF16
+        ("bfloat16", {"avx2"}, "bfloat16"),  # asked for: kept
+    ],
+)
+def test_the_cpu_dtype(requested: str, flags: set[str], want: str) -> None:
+    assert cpu_dtype(requested, frozenset(flags)) == want
+
+
+def test_cpu_flags_are_read_from_cpuinfo() -> None:
+    x86 = "processor\t: 0\nflags\t\t: fpu avx avx2\nbugs\t\t: spectre\n"
+    assert read_cpu_flags(x86) == {"fpu", "avx", "avx2"}
+    assert read_cpu_flags("Features\t: fp asimd bf16\n") == {"fp", "asimd", "bf16"}
+    assert read_cpu_flags("") == frozenset()
 
 
 def test_bad_cpu_settings_are_refused() -> None:

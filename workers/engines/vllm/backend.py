@@ -12,11 +12,12 @@ import importlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from workers.engines.vllm import lifeline
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig, engine_args_kwargs
-from workers.engines.vllm.platform import cpu_environment
+from workers.engines.vllm.platform import cpu_dtype, cpu_environment, read_cpu_flags
 from workers.engines.vllm.stats import SchedulerStatsCollector, stat_logger_class
 
 
@@ -78,6 +79,12 @@ class RealVllmBackend:
 
     def engine_args(self, config: VllmEngineConfig, kv: KvEventsEndpoints | None) -> Any:
         kwargs = engine_args_kwargs(config, kv, self._on_cpu())
+        if self._on_cpu():
+            try:
+                flags = read_cpu_flags(Path("/proc/cpuinfo").read_text())
+            except OSError:
+                flags = frozenset()
+            kwargs["dtype"] = cpu_dtype(str(kwargs["dtype"]), flags)
         if "kv_events_config" in kwargs:
             kwargs["kv_events_config"] = self._config.KVEventsConfig(**kwargs["kv_events_config"])
         if "kv_transfer_config" in kwargs:
