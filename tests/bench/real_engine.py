@@ -37,7 +37,11 @@ from tests.up import running_up
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 SHARED = Path(__file__).resolve().parents[3] / "shared"
-ENGINE_ARGS = ("--block-size", "32", "--enforce-eager", "--max-model-len", "4096")
+# the same engine settings everywhere (float32: what jetfleet picks on this AVX2-only CPU, and
+# 2-8x bfloat16's speed here; vLLM's own auto would pick bfloat16)
+ENGINE_ARGS = (
+    "--block-size", "32", "--enforce-eager", "--max-model-len", "4096", "--dtype", "float32",
+)  # fmt: skip
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
@@ -83,7 +87,7 @@ def jetfleet(model: Path, tmp: Path, workers: int, router: str) -> Iterator[Syst
 
 @contextlib.contextmanager
 def dynamo(directory: Path, model: Path, workers: int) -> Iterator[System]:
-    env = {**os.environ, "MODEL": str(model), "SERVED_NAME": MODEL_NAME}
+    env = {**os.environ, "MODEL": str(model), "SERVED": MODEL_NAME, "DTYPE": "float32"}
     subprocess.run(["bash", "stop_all.sh"], cwd=directory, env=env, check=False)
     started = subprocess.run(
         ["bash", "start_dyn.sh", str(workers), "bench"], cwd=directory, env=env,
@@ -121,15 +125,38 @@ def _wait_served(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 900
     raise TimeoutError(f"{url} did not serve within {timeout_s} s")
 
 
+def one_token_words(model: Path, out: Path, limit: int = 4000) -> Path:
+    """Words that are one token each (with their leading space) in the model's tokenizer, so
+    the load client's "N words" are N prompt tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    words = []
+    for piece in sorted(tok.get_vocab()):
+        word = piece.removeprefix("Ġ")  # byte-level BPE's space
+        plain = piece.startswith("Ġ") and word.isalpha() and word.isascii() and len(word) > 2
+        if plain and len(tok.encode(" " + word, add_special_tokens=False).ids) == 1:
+            words.append(word)
+        if len(words) >= limit:
+            break
+    out.write_text("\n".join(words) + "\n")
+    return out
+
+
 def load(
-    system: System, workload: list[str], concurrency: int, requests: int, seed: int
+    system: System,
+    workload: list[str],
+    concurrency: int,
+    requests: int,
+    seed: int,
+    words: Path,
 ) -> dict[str, Any]:
     """One closed-loop run of the anchor's load client (after ``concurrency`` unmeasured
     requests), reduced to what the comparison needs."""
     with tempfile.TemporaryDirectory() as out:
         argv = [
             sys.executable, str(SHARED / "anchors" / "dynamo" / "loadgen.py"), "--url", system.url,
-            "--model", MODEL_NAME, "--words", str(SHARED / "anchors" / "dynamo-vllm" / "words.txt"),
+            "--model", MODEL_NAME, "--words", str(words),
             *workload, "--concurrency", str(concurrency), "--requests", str(requests),
             "--warmup", str(concurrency), "--seed", str(seed), "--max-seconds", "900",
             "--request-timeout", "600", "--out", out,
@@ -162,7 +189,7 @@ ROUTING = [
 ]  # fmt: skip
 
 
-def overhead(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int) -> None:
+def overhead(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path) -> None:
     starts: list[tuple[str, Any]] = [
         ("vllm", lambda: plain_vllm(model, tmp)),
         ("jetfleet", lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv")),
@@ -171,17 +198,20 @@ def overhead(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int) -> None
         starts.append(("dynamo", lambda: dynamo(dynamo_dir, model, 1)))
     for _name, start in starts:
         with start() as system:
-            load(system, OVERHEAD, 1, 8, seed)  # the first seconds after a start run slow
+            load(system, OVERHEAD, 1, 8, seed, words)  # the first seconds after a start run slow
             for c in (1, 4, 16):
                 print(
                     json.dumps(
-                        {"bench": "overhead", **load(system, OVERHEAD, c, max(24, 6 * c), seed)}
+                        {
+                            "bench": "overhead",
+                            **load(system, OVERHEAD, c, max(24, 6 * c), seed, words),
+                        }
                     ),
                     flush=True,
                 )
 
 
-def routing(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int) -> None:
+def routing(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path) -> None:
     starts: list[tuple[str, Any]] = [
         ("jetfleet", lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv")),
         ("jetfleet-rr", lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin")),
@@ -191,7 +221,8 @@ def routing(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int) -> None:
     for _name, start in starts:
         with start() as system:
             print(
-                json.dumps({"bench": "routing", **load(system, ROUTING, 4, 96, seed)}), flush=True
+                json.dumps({"bench": "routing", **load(system, ROUTING, 4, 96, seed, words)}),
+                flush=True,
             )
 
 
@@ -206,9 +237,10 @@ def main() -> None:
 
     model = args.model or ensure("smollm2")
     with tempfile.TemporaryDirectory(prefix="real-engine-") as tmp:
+        words = one_token_words(model, Path(tmp) / "words.txt")
         for sitting in range(args.sittings):
             (overhead if args.bench == "overhead" else routing)(
-                model, Path(tmp), args.dynamo_dir, 100 + sitting
+                model, Path(tmp), args.dynamo_dir, 100 + sitting, words
             )
 
 
