@@ -35,7 +35,7 @@ from typing import Any
 from infra.embedded import free_port
 from tests.up import running_up
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
+MODEL_NAME = "SmolLM2-135M-Instruct"  # set by main from --model
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 # the same engine settings everywhere (float32: what jetfleet picks on this AVX2-only CPU, and
 # 2-8x bfloat16's speed here; vLLM's own auto would pick bfloat16)
@@ -79,6 +79,7 @@ def plain_vllm(model: Path, tmp: Path) -> Iterator[System]:
 @contextlib.contextmanager
 def jetfleet(model: Path, tmp: Path, workers: int, router: str) -> Iterator[System]:
     """``jetfleet up --engine vllm`` as a user starts it (KV space and threads: its defaults)."""
+    tmp.mkdir(parents=True, exist_ok=True)
     extra = ("--engine", "vllm", "--model", str(model), "--router", router, *ENGINE_ARGS)
     with running_up(tmp, workers, *extra, start_timeout_s=900) as up:
         name = "jetfleet" if router == "kv" else f"jetfleet-{router}"
@@ -139,6 +140,8 @@ def one_token_words(model: Path, out: Path, limit: int = 4000) -> Path:
             words.append(word)
         if len(words) >= limit:
             break
+    if not words:  # a byte-level tokenizer (the tiny model): letters, two tokens with the space
+        words = list("abcdefghijklmnopqrstuvwxyz")
     out.write_text("\n".join(words) + "\n")
     return out
 
@@ -199,16 +202,9 @@ def overhead(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: 
     for _name, start in starts:
         with start() as system:
             load(system, OVERHEAD, 1, 8, seed, words)  # the first seconds after a start run slow
-            for c in (1, 4, 16):
-                print(
-                    json.dumps(
-                        {
-                            "bench": "overhead",
-                            **load(system, OVERHEAD, c, max(24, 6 * c), seed, words),
-                        }
-                    ),
-                    flush=True,
-                )
+            for c in (1, 4, 16):  # fresh prompts at every level: a seed of its own
+                row = load(system, OVERHEAD, c, max(24, 6 * c), seed * 100 + c, words)
+                print(json.dumps({"bench": "overhead", **row}), flush=True)
 
 
 def routing(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path) -> None:
@@ -231,11 +227,16 @@ def main() -> None:
     ap.add_argument("bench", choices=["overhead", "routing"])
     ap.add_argument("--dynamo-dir", type=Path, default=None)
     ap.add_argument("--sittings", type=int, default=1)
-    ap.add_argument("--model", type=Path, default=None, help="default: SmolLM2, built once")
+    ap.add_argument(
+        "--model", choices=["smollm2", "tiny-llama"], default="smollm2",
+        help="smollm2: a real model; tiny-llama: 2 layers, where the fleet's own cost shows",
+    )  # fmt: skip
     args = ap.parse_args()
-    from infra.vllm_models import ensure
+    from infra.vllm_models import MODELS, ensure
 
-    model = args.model or ensure("smollm2")
+    global MODEL_NAME
+    MODEL_NAME = MODELS[args.model].name
+    model = ensure(args.model)
     with tempfile.TemporaryDirectory(prefix="real-engine-") as tmp:
         words = one_token_words(model, Path(tmp) / "words.txt")
         for sitting in range(args.sittings):
