@@ -282,20 +282,7 @@ class WorkerRuntime:
             prompt_tokens=len(req.token_ids),
             max_tokens=req.sampling.max_tokens,
         )
-        self.engine.add_request(
-            EngineRequest(
-                request_id=req.request_id,
-                token_ids=req.token_ids,
-                sampling=req.sampling,
-                lora_name=req.lora_name,
-                kv_transfer_params=req.kv_transfer_params,
-                num_generated_before=req.num_generated_before,
-                task=req.task,
-                dimensions=req.dimensions,
-                prompt_embeds=req.prompt_embeds,
-            ),
-            ar,
-        )
+        self.engine.add_request(EngineRequest.from_request(req), ar)
 
     async def _pool_loop(self) -> None:
         """Pull from the pool subject while there is capacity."""
