@@ -34,6 +34,7 @@ from tests.unit.test_vllm_wire_mirror import (
     encode,
     stored_v3,
 )
+from workers.engine import EngineHooks
 from workers.engines.vllm.config import VllmEngineConfig
 from workers.engines.vllm.engine import VllmEngine
 from workers.engines.vllm.kv_events import decode_batch
@@ -303,7 +304,7 @@ async def test_engine_forwards_events_resyncs_and_resets_after_a_loss(
     cfg = engine_config(publisher, kv_reset_retry_s=0.01)
     calls: list[list[KvCacheEvent]] = []
     engine = VllmEngine(cfg, backend)
-    await engine.start(lambda events: calls.append(list(events)))
+    await engine.start(EngineHooks(lambda events: calls.append(list(events))))
     await publisher.subscribed()
     await publisher.publish(batch(stored(1, None), stored(2, 1)))
     await publisher.publish(batch(stored(3, 2), stored(9, 8)))  # 9: parent never seen, dropped
@@ -352,7 +353,7 @@ async def test_a_resync_goes_out_as_one_batch_per_chunk(
             loop.call_soon(flush)
         pending.extend(events)
 
-    await engine.start(listener)
+    await engine.start(EngineHooks(listener))
     await publisher.subscribed()
     await publisher.publish(batch(stored_v3(list(range(1, 7)), None, list(range(12)), 2)))
     await wait_for(lambda: batches, timeout=5.0, interval=0.005)
@@ -374,7 +375,7 @@ async def test_before_0_12_a_reset_after_a_loss_counts_only_once_vllm_publishes_
     backend.llm.reset_results = [None] * 1000
     cfg = engine_config(publisher, kv_reset_retry_s=0.01)
     engine = VllmEngine(cfg, backend)
-    await engine.start(lambda events: None)
+    await engine.start(EngineHooks(lambda events: None))
     await publisher.subscribed()
     await publisher.publish(batch(stored(1, None)))
     await publisher.publish(batch(stored(2, 1)), drop=True, forget=True)  # lost for good
