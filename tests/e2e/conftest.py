@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.fleet import Fleet
+from tests.support.fleet import Fleet
 
 
 @pytest.fixture(scope="module")

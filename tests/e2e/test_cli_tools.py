@@ -19,8 +19,9 @@ import redis
 from infra.command import cli_command
 from schemas import Subjects
 from schemas.streams import fleet_topology
-from tests.e2e.fleet import Fleet
-from tests.helpers import run_cli, wait_for
+from tests.support.clients import run_cli
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +115,7 @@ def test_a_tool_against_a_nats_that_is_not_there_says_so_and_exits(
 ) -> None:
     """No endless retry (nats-py reads max_reconnect_attempts 0 as unlimited): one clear line
     and a non-zero exit within seconds."""
-    from tests.e2e.fleet import free_port
+    from infra.embedded import free_port
 
     dead = f"nats://127.0.0.1:{free_port()}"
     started = time.monotonic()

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from infra.embedded import EmbeddedRedis
-from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import Observations
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

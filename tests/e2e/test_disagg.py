@@ -18,9 +18,10 @@ import openai
 import pytest
 
 from infra.command import cli_command
+from infra.embedded import free_port
 from schemas import RequestObservation, WorkerLoad, decode
-from tests.e2e.fleet import Fleet, free_port
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,10 @@ from base.connect import connect_redis
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt
-from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import Observations
-from tests.helpers import run_cli, wait_for
+from tests.support.clients import run_cli
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from model.card import default_model_dir
-from tests.e2e.fleet import Fleet
+from tests.support.fleet import Fleet
 
 pytestmark = pytest.mark.integration
 

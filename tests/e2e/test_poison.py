@@ -13,7 +13,7 @@ import pytest
 
 from schemas import DeadLetter, Request, SamplingParams, Subjects, TokenChunk, decode, encode
 from schemas.streams import WORKERS_BUCKET
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

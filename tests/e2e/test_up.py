@@ -21,8 +21,8 @@ from openai import OpenAI
 
 from base.process import wait_http_ok
 from infra.command import cli_command
-from tests.e2e.fleet import free_port
-from tests.up import up_argv
+from infra.embedded import free_port
+from tests.support.up import up_argv
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,9 @@ from schemas import (
     encode,
 )
 from tests.e2e.test_fuzz_http import BODIES, _check
-from tests.helpers import sse_events, wait_for
-from tests.up import Up, running_up
+from tests.support.clients import sse_events
+from tests.support.up import Up, running_up
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

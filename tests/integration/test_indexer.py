@@ -16,8 +16,8 @@ from router.kv.index import InMemoryPrefixIndex
 from router.kv.translate import EventTranslator
 from schemas import ControlRequest, KvEventBatch, decode, encode
 from schemas.kv_events import BlockStored
-from tests.helpers import wait_for
-from tests.kv_events_gen import mocker_event_batches
+from tests.support.kv_events import mocker_event_batches
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from schemas import (
     encode,
 )
 from schemas.streams import WORKERS_BUCKET
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

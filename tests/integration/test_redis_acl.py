@@ -23,8 +23,8 @@ from router.kv.router import KvRouter
 from router.kv.translate import StoreOp
 from router.policies import RouteQuery
 from schemas import WorkerRegistration, encode
-from tests.helpers import wait_for
-from tests.kv_events_gen import mocker_event_batches
+from tests.support.kv_events import mocker_event_batches
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

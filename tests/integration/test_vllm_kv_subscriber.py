@@ -24,7 +24,7 @@ import zmq
 import zmq.asyncio
 
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 from tests.unit.test_vllm_engine import FakeBackend
 from tests.unit.test_vllm_wire_mirror import (
     AllBlocksClearedV3,

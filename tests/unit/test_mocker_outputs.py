@@ -15,7 +15,7 @@ import pytest
 
 from model.structured import Unsatisfiable, instance, problem, render
 from schemas import SamplingParams, StructuredOutput
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 from tests.unit.mocker_utils import add_and_run, make_config, make_request, make_scheduler
 from workers.engine import EngineHooks, EngineOutput, EngineRequest
 from workers.engines.mocker.embedding import embedding

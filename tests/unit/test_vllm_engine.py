@@ -22,7 +22,7 @@ import pytest
 from schemas.kv_events import AllBlocksCleared
 from schemas.requests import SamplingParams, StructuredOutput
 from schemas.tokens import TokenLogprob
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 from workers.engine import EngineHooks, EngineOutput, EngineRequest
 from workers.engines.vllm.backend import StartedLlm
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig

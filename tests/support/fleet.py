@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import signal
-import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from infra.embedded import free_port
 
 
 @dataclass

@@ -1,32 +1,13 @@
-"""Test helpers: wait on a condition instead of sleeping."""
+"""Talking to a fleet as its users do: the ``jetfleet`` CLI, OpenAI-style SSE streams."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 import subprocess
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
-
-
-async def wait_for(
-    condition: Callable[[], Any | Awaitable[Any]], timeout: float = 10.0, interval: float = 0.05
-) -> Any:
-    """Poll ``condition`` (sync or async) until it is truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = condition()
-        if inspect.isawaitable(last):
-            last = await last
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value {last!r})")
-        await asyncio.sleep(interval)
 
 
 async def run_cli(
