@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import subprocess
 import time
@@ -21,7 +20,7 @@ from schemas import Subjects
 from schemas.streams import fleet_topology
 from tests.support.clients import run_cli
 from tests.support.fleet import Fleet
-from tests.support.wait import wait_for
+from tests.support.wait import wait_for, wait_line
 
 pytestmark = pytest.mark.integration
 
@@ -37,10 +36,7 @@ def test_servers_runs_nats_and_redis_until_ctrl_c(tmp_path: Path) -> None:
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while not (m := re.search(r"NATS +(\S+)\nRedis +(\S+)", out.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
-            time.sleep(0.05)
+        m = wait_line(out, r"NATS +(\S+)\nRedis +(\S+)", 30, proc)
         nats_url, redis_url = m.group(1), m.group(2)
         r = redis.Redis.from_url(redis_url)
         assert r.ping() and r.set("k", "v") and r.get("k") == b"v"

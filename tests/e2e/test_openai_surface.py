@@ -7,7 +7,6 @@ import base64
 import json
 import math
 import shutil
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from tokenizers import Tokenizer
 
 from model.card import default_model_dir
 from tests.support.fleet import Fleet
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -80,10 +80,8 @@ def reasoning_fleet(nats_server, tmp_path_factory) -> Iterator[Fleet]:
             "mistral",
         )
         url = f.start_frontend("--router", "round-robin")
-        deadline = time.monotonic() + 30
-        while _served(url) != {"thinker", "mistral"}:  # /ready needs only one of them
-            assert time.monotonic() < deadline, "both models not served in 30 s"
-            time.sleep(0.05)
+        # /ready needs only one of them
+        wait_until(lambda: _served(url) == {"thinker", "mistral"}, 30, "both models served")
         yield f
     finally:
         f.stop()
