@@ -14,12 +14,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 
 from infra.command import cli_command
 from infra.embedded import free_port
 from schemas import RequestObservation, WorkerLoad, decode
+from tests.support.clients import openai_client
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
 
@@ -46,10 +46,6 @@ def disagg(nats_server, redis_server, tmp_path_factory) -> Iterator[tuple[Fleet,
         f.stop()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
 def _chat(url: str, stream: bool = False, **kw: Any) -> str:
     args = {
         "model": MODEL,
@@ -58,9 +54,9 @@ def _chat(url: str, stream: bool = False, **kw: Any) -> str:
         "seed": 7,
     } | kw
     if stream:
-        chunks = _client(url).chat.completions.create(**args, stream=True)
+        chunks = openai_client(url).chat.completions.create(**args, stream=True)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    r = _client(url).chat.completions.create(**args)
+    r = openai_client(url).chat.completions.create(**args)
     assert r.usage.completion_tokens == args["max_tokens"]
     return r.choices[0].message.content or ""
 
@@ -206,7 +202,7 @@ async def _short_on_prefill_long_split(
     prefill_id, decode_id = (f"{fleet.prefix}-worker-{i}" for i in (0, 1))
 
     def complete(url: str, prompt: str) -> None:
-        r = _client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=8, seed=1)
+        r = openai_client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=8, seed=1)
         assert r.usage is not None and r.usage.completion_tokens == 8
 
     busy = threading.Thread(  # a long generation keeps the decode worker loaded

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 from anthropic import Anthropic
-from openai import OpenAI
 
 from base.process import wait_http_ok
 from infra.command import cli_command
 from infra.embedded import free_port
+from tests.support.clients import openai_client
 from tests.support.up import up_argv
 from tests.support.wait import wait_line, wait_until
 
@@ -152,7 +152,7 @@ def _an_agent_session_runs_on_every_endpoint(port: int) -> None:
     """System prompt, tools, a call, its result, a streamed final answer: through chat
     completions, Responses and Anthropic Messages of this ``up``; and an embedding."""
     base = f"http://127.0.0.1:{port}"
-    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    client = openai_client(base, api_key="none")
     system = {"role": "system", "content": "You are a coding agent."}
     messages: list[dict[str, Any]] = [system, {"role": "user", "content": "Run the tests."}]
     first = client.chat.completions.create(
@@ -277,7 +277,7 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
         wait_line(out, r"jetfleet is up", 90, proc)
         nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
         wait_http_ok(f"http://127.0.0.1:{port}/ready", 30)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none", max_retries=2)
         for i in range(5):
             r = client.chat.completions.create(
                 model="jetfleet-tiny",
@@ -354,7 +354,7 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
             return sum(w["status"] == "ready" for w in json.loads(done.stdout)["workers"])
 
         wait_until(lambda: ready_workers() == 0, 60, "the idle fleet scales to zero")
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=6)
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none", max_retries=6)
         started = time.monotonic()
         r = client.completions.create(model="jetfleet-tiny", prompt="wake up", max_tokens=4)
         assert r.usage is not None and r.usage.completion_tokens == 4
@@ -387,7 +387,7 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
     try:
         wait_line(out, r"jetfleet is up.*1 prefill, 2 decode", 90, proc)
         nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none")
 
         def roles() -> list[str]:
             status = subprocess.run(
@@ -440,7 +440,7 @@ def test_up_with_host_tiers_loads_an_evicted_head_back(tmp_path: Path) -> None:
     try:
         wait_line(out, r"jetfleet is up", 90, proc)
         nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none")
         head = "a system prompt that outlives the GPU cache, " * 16  # 720 bytes: 45 blocks
 
         def cached(prompt: str) -> int:

@@ -1,4 +1,5 @@
-"""Talking to a fleet as its users do: the ``jetfleet`` CLI, OpenAI-style SSE streams."""
+"""Talking to a fleet as its users do: the ``jetfleet`` CLI, the official OpenAI client, SSE
+streams."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
+
+import openai
 
 
 async def run_cli(
@@ -24,6 +27,12 @@ async def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def openai_client(base_url: str, api_key: str = "unused", max_retries: int = 0) -> openai.OpenAI:
+    """The official client on a frontend's address (``/v1`` added); no retries unless asked, so
+    a test sees the first answer."""
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=max_retries)
 
 
 async def sse_events(response: Any) -> AsyncIterator[dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,3 +88,20 @@ class Fleet:
 
     def stop(self) -> None:
         self.group.stop_all(timeout_s=20)
+
+
+@contextlib.contextmanager
+def kv_fleet(
+    nats_url: str, log_dir: Path, redis_url: str, *frontend_args: str, workers: int = 1
+) -> Iterator[Fleet]:
+    """``workers`` mocker workers, an indexer and a ``kv`` frontend (plus ``frontend_args``) on
+    ``redis_url``, stopped at the end."""
+    f = Fleet(nats_url, log_dir, redis_url=redis_url)
+    try:
+        for _ in range(workers):
+            f.add_worker()
+        f.start_indexer()
+        f.start_frontend("--router", "kv", *frontend_args)
+        yield f
+    finally:
+        f.stop()
