@@ -15,6 +15,7 @@ import pytest
 
 from model.structured import Unsatisfiable, instance, problem, render
 from schemas import SamplingParams, StructuredOutput
+from tests.support.engines import Sink
 from tests.support.wait import wait_for
 from tests.unit.mocker_utils import add_and_run, make_config, make_request, make_scheduler
 from workers.engine import EngineHooks, EngineOutput, EngineRequest
@@ -156,17 +157,6 @@ def test_prompt_logprobs_start_with_none() -> None:
     assert all(
         lp is not None and lp.top_ids == (tok,) for lp, tok in zip(lps[1:], (61, 62), strict=True)
     )
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.outputs: list[EngineOutput] = []
-        self.done = asyncio.Event()
-
-    def on_output(self, output: EngineOutput) -> None:
-        self.outputs.append(output)
-        if output.finished:
-            self.done.set()
 
 
 async def _generate(engine: MockerEngine, request: EngineRequest) -> list[EngineOutput]:

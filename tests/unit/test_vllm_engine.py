@@ -22,8 +22,9 @@ import pytest
 from schemas.kv_events import AllBlocksCleared
 from schemas.requests import SamplingParams, StructuredOutput
 from schemas.tokens import TokenLogprob
+from tests.support.engines import Sink
 from tests.support.wait import wait_for
-from workers.engine import EngineHooks, EngineOutput, EngineRequest
+from workers.engine import EngineHooks, EngineRequest
 from workers.engines.vllm.backend import StartedLlm
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig
 from workers.engines.vllm.engine import VllmConfigMismatchError, VllmEngine
@@ -185,22 +186,6 @@ class FakeBackend:
 
     def lora_request(self, name: str, lora_id: int, path: str) -> Any:
         return ("lora", name, lora_id, path)
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.outputs: list[EngineOutput] = []
-
-    def on_output(self, output: EngineOutput) -> None:
-        self.outputs.append(output)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for o in self.outputs for t in o.new_token_ids]
-
-    @property
-    def final(self) -> EngineOutput | None:
-        return self.outputs[-1] if self.outputs and self.outputs[-1].finished else None
 
 
 def config(**overrides: Any) -> VllmEngineConfig:
