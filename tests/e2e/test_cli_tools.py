@@ -74,7 +74,7 @@ async def test_infra_init_creates_every_stream_and_bucket_twice_over(nats_url: s
         await nc.close()
 
 
-async def test_replay_traffic_sends_recorded_requests_again(fleet: Fleet) -> None:
+async def test_replay_traffic_command_sends_recorded_requests_again(fleet: Fleet) -> None:
     since = time.time() - 1
     async with httpx.AsyncClient(timeout=30) as client:
         for i in range(4):
