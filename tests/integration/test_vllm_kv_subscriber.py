@@ -24,8 +24,8 @@ import zmq
 import zmq.asyncio
 
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
+from tests.support.vllm_fakes import FakeBackend
 from tests.support.wait import wait_for
-from tests.unit.test_vllm_engine import FakeBackend
 from tests.unit.test_vllm_wire_mirror import (
     AllBlocksClearedV3,
     BlockRemovedV3,
