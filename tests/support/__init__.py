@@ -12,5 +12,6 @@
 - ``kv_events.py``: KV events and batches, and real event streams from mocker schedulers;
 - ``tokenizers.py``: the shipped model's tokenizer;
 - ``engines.py``: an engine's output ``Sink``; ``vllm_fakes.py``: a fake vLLM for the adapter;
-- ``kv_contract.py``: the prefix-index contract suite, run against every implementation.
+- ``kv_contract.py``, ``engine_contract.py``: contract suites, run unchanged against every prefix
+  index and every engine.
 """
