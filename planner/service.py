@@ -31,12 +31,11 @@ from typing import Any
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats
-from base.deadletter import dead_letter
+from base.consume import DeadLetters, Fetch, pull_loop
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.stream_read import last_per_subject, read_range
@@ -169,6 +168,7 @@ class PlannerService:
         self.nc = nc
         self.js = nc.jetstream()
         self.watch = watch
+        self.letters = DeadLetters(nc, cfg.subjects, "planner")
         self.metrics = PlannerMetrics(registry)
         self.state = PlannerState()
         self.collector = IntervalCollector(cfg.subjects, cfg.model)
@@ -180,8 +180,8 @@ class PlannerService:
         if seq <= self.collector.last_seq:
             return  # planned before a restart, or a redelivery
         why = self.collector.add(seq, msg.subject, msg.data)
-        if why is not None:
-            await dead_letter(self.nc, self.cfg.subjects, "planner", msg, why)
+        if why is not None:  # acked with the interval (ack-all), not terminated
+            await self.letters.record(msg, why)
         self.pending_ack = msg
 
     async def close_interval(self, ts_s: float) -> list[ScalingDecided]:
@@ -252,23 +252,20 @@ class PlannerService:
         if ready is not None:
             ready.set()
         log.info("planner_ready", model=self.cfg.model, roles=self.cfg.roles, interval_s=interval)
-        try:
+
+        async def next_fetch() -> Fetch | None:
+            """Close every interval that is due, then fetch within what is left of the next."""
+            nonlocal next_close
             while not stop.is_set():
                 left = next_close - time.monotonic()
-                if left <= 0:
-                    await self.close_interval(time.time())
-                    next_close += interval * (1 + int(-left // interval))
-                    continue
-                try:
-                    msgs = await psub.fetch(batch=512, timeout=min(left, 1.0))
-                except (NatsTimeoutError, TimeoutError):
-                    continue
-                except Exception as exc:
-                    log.warning("planner_fetch_failed", error=str(exc))
-                    await asyncio.sleep(0.5)
-                    continue
-                for m in msgs:
-                    await self.take(m)
+                if left > 0:
+                    return Fetch(512, min(left, 1.0))
+                await self.close_interval(time.time())
+                next_close += interval * (1 + int(-left // interval))
+            return None
+
+        try:
+            await pull_loop(psub, next_fetch, self.take, log)
         finally:
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()

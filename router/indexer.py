@@ -45,7 +45,7 @@ from nats.js.errors import ObjectNotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
-from base.deadletter import dead_letter
+from base.consume import DeadLetters
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_topology
@@ -61,7 +61,7 @@ from router.kv.translate import (
     holders,
     worker_of,
 )
-from schemas import ControlRequest, ModelCard, Subjects, WireDecodeError, decode, encode
+from schemas import ControlRequest, ModelCard, Subjects, decode, encode
 from schemas.kv_events import BlockRemoved, IndexSnapshot
 from schemas.streams import KV_SNAPSHOT_STORE, MODELS_BUCKET
 
@@ -158,6 +158,7 @@ class Indexer:
         self.cfg = cfg
         self.nc = nc
         self.js = nc.jetstream()
+        self.letters = DeadLetters(nc, cfg.subjects, "indexer")
         self.redis = redis
         self.keys = KvKeys.for_prefix(cfg.subjects.prefix)
         self.index = RedisPrefixIndex(redis, self.keys)
@@ -405,15 +406,12 @@ class Indexer:
         prep = _Prepared()
         for msg in msgs:
             seq = _stream_seq(msg)
-            try:
-                batch = decode(msg.data, WireKvBatch)
-            except WireDecodeError as exc:
+            # undecodable: dead-lettered (not terminated: the indexer moves on by stream position)
+            # and applied as an empty item, as is a late batch of a worker already dropped
+            batch = await self.letters.decoded(msg, WireKvBatch, terminate=False)
+            if batch is None:
                 self.metrics.dead.inc()
-                await dead_letter(self.nc, self.cfg.subjects, "indexer", msg, str(exc))
-                prep.items.append(("", "", 0, seq, ()))
-                prep.batches.append(None)
-                continue
-            if batch.worker_id in self.departed:  # a late batch of a worker already dropped
+            if batch is None or batch.worker_id in self.departed:
                 prep.items.append(("", "", 0, seq, ()))
                 prep.batches.append(None)
                 continue

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from prometheus_client import CollectorRegistry, Counter
 
-from base.deadletter import dead_letter
+from base.consume import DeadLetters, pull_loop, until
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
@@ -31,16 +30,11 @@ from router.disagg_client import DisaggClient, DisaggGeneration
 from router.generation import Generation, NoWorkersError, OverloadedError
 from router.observation import observation
 from router.stack import RoutingStack, StackConfig
-from schemas import (
-    Request,
-    WireDecodeError,
-    decode,
-    encode,
-)
+from schemas import Request, encode
 from schemas.streams import router_consumer
 from schemas.tokens import error_chunk
 from schemas.trace import HEADER as TRACE_HEADER
-from schemas.validate import is_subject_token, request_problem
+from schemas.validate import request_problem
 
 log = structlog.get_logger("jetfleet.router_service")
 
@@ -75,26 +69,21 @@ class RouterService:
         self.vocab_size = vocab_size  # the model's, once discovery has loaded its tokenizer
         self.nc = nc
         self.js = nc.jetstream()
+        self.letters = DeadLetters(nc, self.subjects, "router")
         self.client = client
         self.followers: set[asyncio.Task[None]] = set()
 
     async def handle(self, msg: Msg) -> None:
         """Route one submission; a bad one is terminated and dead-lettered (its client, when it
         can be told, gets an error chunk) and never stops the service."""
-        try:
-            req = decode(msg.data, Request)
-        except WireDecodeError as exc:
+        req = await self.letters.decoded(msg, Request)
+        if req is None:
             self.submissions.labels("undecodable").inc()
-            await dead_letter(self.nc, self.subjects, "router", msg, str(exc))
-            await msg.term()
             return
         problem = request_problem(req, self.vocab_size(req.model))
         if problem is not None:
             self.submissions.labels("invalid").inc()
-            await dead_letter(self.nc, self.subjects, "router", msg, f"invalid: {problem}")
-            await msg.term()
-            if is_subject_token(req.request_id):
-                await self._fail(req, f"invalid request: {problem}")
+            await self.letters.refuse_request(msg, req, problem)
             return
         # a NATS client's W3C trace context continues through the routed request to the worker
         parent = (msg.headers or {}).get(TRACE_HEADER)
@@ -170,17 +159,7 @@ class RouterService:
         spec = router_consumer(s)
         await ensure_consumer(self.js, s.stream_name("REQUESTS"), spec)
         psub = await self.js.pull_subscribe_bind(spec.durable, s.stream_name("REQUESTS"))
-        while not stop.is_set():
-            try:
-                msgs = await psub.fetch(batch=self.cfg.batch, timeout=1.0)
-            except (NatsTimeoutError, TimeoutError):
-                continue
-            except Exception as exc:
-                log.warning("router_fetch_failed", error=str(exc))
-                await asyncio.sleep(0.5)
-                continue
-            for m in msgs:
-                await self.handle(m)
+        await pull_loop(psub, until(stop, self.cfg.batch), self.handle, log)
 
 
 async def run_router_service(cfg: RouterServiceConfig) -> None:

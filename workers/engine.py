@@ -9,11 +9,11 @@ start. Load stats are read on demand.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from schemas.kv_events import KvCacheEvent
-from schemas.requests import SamplingParams
+from schemas.requests import Request, SamplingParams
 from schemas.tokens import TokenLogprob
 
 
@@ -28,6 +28,13 @@ class EngineRequest:
     task: str = "generate"  # "embed": no tokens, the final output carries the embedding
     dimensions: int | None = None
     prompt_embeds: bytes | None = None  # the prompt as a torch.save'd tensor (vLLM only)
+
+    @classmethod
+    def from_request(cls, req: Request) -> EngineRequest:
+        """What an engine needs of a wire ``Request``: every field of this class, which the
+        ``Request`` has under the same name (routing, tracing and detokenizing stay with the
+        worker)."""
+        return cls(**{f.name: getattr(req, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,11 +33,10 @@ from typing import Any
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from base.deadletter import dead_letter
+from base.consume import DeadLetters, Fetch, pull_loop
 from base.tracing import Tracing
 from model.detokenize import IncrementalDetokenizer
 from schemas import (
@@ -54,10 +53,9 @@ from schemas import (
 from schemas.control import CONTROL_OPS, kv_release
 from schemas.kv_events import KvCacheEvent, batch_version
 from schemas.streams import pool_consumer
-from schemas.tokens import error_chunk
 from schemas.trace import HEADER as TRACE_HEADER
 from schemas.trace import parse_traceparent
-from schemas.validate import is_subject_token, request_problem
+from schemas.validate import request_problem
 from workers.config import WorkerConfig
 from workers.engine import Engine, EngineHooks, EngineRequest
 from workers.fence import Fence
@@ -100,6 +98,7 @@ class WorkerRuntime:
         self._eos_ids = frozenset([special[eos]] if eos in special else [])
         self.metrics = metrics
         self.subjects = cfg.subjects
+        self.letters = DeadLetters(nc, cfg.subjects, "worker")
         self.log = log.bind(worker_id=cfg.worker_id, model=cfg.model_name)
         self.active: dict[str, ActiveRequest] = {}
         self._done: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -205,20 +204,17 @@ class WorkerRuntime:
             await self._take_request(msg)
         except Exception as exc:
             self.log.error("request_failed_to_start", error=repr(exc))
-            with contextlib.suppress(Exception):
-                await dead_letter(self.nc, self.subjects, "worker", msg, f"worker error: {exc!r}")
-                await msg.term()
+            await self.letters.refuse(msg, f"worker error: {exc!r}")
 
     async def _take_request(self, msg: Msg) -> None:
-        try:
-            req = decode(msg.data, Request)
-        except WireDecodeError as exc:
-            await dead_letter(self.nc, self.subjects, "worker", msg, str(exc))
-            await msg.term()
+        req = await self.letters.decoded(msg, Request)
+        if req is None:
             return
         problem = request_problem(req, self.tokenizer.vocab_size)
         if problem is not None:
-            await self._refuse(req, msg, problem)
+            # terminated (never redelivered to another worker), its client ended at once
+            self.log.warning("request_refused", request_id=req.request_id[:64], reason=problem)
+            await self.letters.refuse_request(msg, req, problem, self.cfg.worker_id)
             return
         key = (req.request_id, req.attempt)
         current = self.active.get(req.request_id)
@@ -228,8 +224,7 @@ class WorkerRuntime:
             await msg.ack()  # redelivery of what finished: idempotent
             return
         if req.model != self.cfg.model_name:
-            await dead_letter(self.nc, self.subjects, "worker", msg, f"wrong model {req.model!r}")
-            await msg.term()
+            await self.letters.refuse(msg, f"wrong model {req.model!r}")
             return
         if self._late(msg) and await self.fence.moved_on({key}):
             self.log.info("request_fenced", request_id=req.request_id, attempt=req.attempt)
@@ -248,20 +243,6 @@ class WorkerRuntime:
         except Exception:  # not a JetStream delivery
             return False
         return meta.num_delivered > 1 or time.time() - meta.timestamp.timestamp() > self.cfg.ttl_s
-
-    async def _refuse(self, req: Request, msg: Msg, problem: str) -> None:
-        """A decodable but invalid request: terminated (never redelivered to another worker),
-        dead-lettered with the reason, and its client, if it can be told, ended at once."""
-        self.log.warning("request_refused", request_id=req.request_id[:64], reason=problem)
-        await dead_letter(self.nc, self.subjects, "worker", msg, f"invalid request: {problem}")
-        with contextlib.suppress(Exception):
-            await msg.term()
-        if is_subject_token(req.request_id):
-            chunk = error_chunk(
-                req.request_id, req.attempt, 0, f"invalid request: {problem}", self.cfg.worker_id
-            )
-            with contextlib.suppress(Exception):
-                await self.nc.publish(self.subjects.tok(req.request_id), encode(chunk))
 
     def _admit(self, req: Request, msg: Msg) -> None:
         detok = None
@@ -301,44 +282,27 @@ class WorkerRuntime:
             prompt_tokens=len(req.token_ids),
             max_tokens=req.sampling.max_tokens,
         )
-        self.engine.add_request(
-            EngineRequest(
-                request_id=req.request_id,
-                token_ids=req.token_ids,
-                sampling=req.sampling,
-                lora_name=req.lora_name,
-                kv_transfer_params=req.kv_transfer_params,
-                num_generated_before=req.num_generated_before,
-                task=req.task,
-                dimensions=req.dimensions,
-                prompt_embeds=req.prompt_embeds,
-            ),
-            ar,
-        )
+        self.engine.add_request(EngineRequest.from_request(req), ar)
 
     async def _pool_loop(self) -> None:
         """Pull from the pool subject while there is capacity."""
         spec = pool_consumer(self.subjects, self.cfg.model_name, self.cfg.role)
         stream = self.subjects.stream_name("REQUESTS")
         psub = await self.js.pull_subscribe_bind(spec.durable, stream)
+        await pull_loop(psub, self._pool_fetch, self._on_request_msg, self.log)
+
+    async def _pool_fetch(self) -> Fetch | None:
+        """The next pool fetch: as many requests as the engine has room for (32 at most),
+        waiting until it has room; None once the worker stops."""
         while not self._stopping:
             await self._capacity.wait()
             if self._stopping:
                 break
             free = self.engine.max_num_seqs - len(self.active)
-            if free <= 0:
-                self._capacity.clear()
-                continue
-            try:
-                msgs = await psub.fetch(batch=min(free, 32), timeout=1.0)
-            except (NatsTimeoutError, TimeoutError):
-                continue
-            except Exception as exc:  # reconnecting: back off, carry on
-                self.log.warning("pool_fetch_failed", error=str(exc))
-                await asyncio.sleep(0.5)
-                continue
-            for m in msgs:
-                await self._on_request_msg(m)
+            if free > 0:
+                return Fetch(min(free, 32))
+            self._capacity.clear()
+        return None
 
     # ---------------------------------------------------------------- tokens out
     def _on_ready(self, ar: ActiveRequest, urgent: bool) -> None:
@@ -444,10 +408,8 @@ class WorkerRuntime:
 
     # ---------------------------------------------------------------- cancels, control
     async def _on_cancel(self, msg: Msg) -> None:
-        try:
-            cancel = decode(msg.data, CancelRequested)
-        except WireDecodeError as exc:
-            await dead_letter(self.nc, self.subjects, "worker", msg, str(exc))
+        cancel = await self.letters.decoded(msg, CancelRequested, terminate=False)
+        if cancel is None:
             return
         ar = self.active.get(cancel.request_id)
         if ar is not None:

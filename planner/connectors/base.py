@@ -28,12 +28,11 @@ from typing import Protocol
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from base.deadletter import dead_letter
+from base.consume import DeadLetters, pull_loop, until
 from base.topology import ensure_consumer
-from schemas import ScalingDecided, ScalingStatus, Subjects, WireDecodeError, decode, encode
+from schemas import ScalingDecided, ScalingStatus, Subjects, encode
 from schemas.streams import ConsumerSpec
 from schemas.subjects import model_token
 
@@ -101,6 +100,7 @@ class ConnectorService:
         self.subjects = subjects
         self.model = model
         self.scaler = scaler
+        self.letters = DeadLetters(nc, subjects, f"connector-{scaler.name}")
         self.max_age_s = max_age_s
         self.heartbeat_s = heartbeat_s
         self.last_applied: dict[str, int] = {}
@@ -141,12 +141,8 @@ class ConnectorService:
         return None
 
     async def handle(self, msg: Msg) -> None:
-        try:
-            d = decode(msg.data, ScalingDecided)
-        except WireDecodeError as exc:
-            component = f"connector-{self.scaler.name}"
-            await dead_letter(self.nc, self.subjects, component, msg, str(exc))
-            await msg.term()
+        d = await self.letters.decoded(msg, ScalingDecided)
+        if d is None:
             return
         skip = self._skip_reason(d)
         if skip is not None:
@@ -188,17 +184,7 @@ class ConnectorService:
         if ready is not None:
             ready.set()
         try:
-            while not stop.is_set():
-                try:
-                    msgs = await psub.fetch(batch=1, timeout=1.0)
-                except (NatsTimeoutError, TimeoutError):
-                    continue
-                except Exception as exc:
-                    log.warning("connector_fetch_failed", error=str(exc))
-                    await asyncio.sleep(0.5)
-                    continue
-                for m in msgs:
-                    await self.handle(m)
+            await pull_loop(psub, until(stop, 1), self.handle, log)
         finally:
             with contextlib.suppress(Exception):
                 await psub.unsubscribe()

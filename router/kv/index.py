@@ -10,7 +10,7 @@ Blocks are kept per model: ``blocks[model][fleet_hash] = {worker ids}``. A match
 and keeps only the workers still matching, stopping when none are left.
 
 ``InMemoryPrefixIndex`` serves unit tests and one-process runs; ``RedisPrefixIndex`` (module
-``redis_index``) is the shared one. The contract suite in ``tests/kv_contract.py`` runs
+``redis_index``) is the shared one. The contract suite in ``tests/support/kv_contract.py`` runs
 unchanged against both (the Redis one also bisects the chains of workers whose cached blocks are
 prefix-closed, see ``shape``; this one always walks them, which is what the contract checks).
 """

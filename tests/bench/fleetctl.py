@@ -11,10 +11,9 @@ from types import TracebackType
 
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, EmbeddedRedis
-from tests.e2e.fleet import free_port
-from tests.nats_cluster import NatsCluster
-from tests.up import ready_workers
+from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from tests.support.nats_cluster import NatsCluster
+from tests.support.up import ready_workers
 
 
 @dataclass

@@ -48,12 +48,11 @@ from base.process import ProcessGroup, wait_http_ok
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats
+from infra.embedded import EmbeddedNats, free_port
 from planner.connectors.base import ConnectorService
 from planner.connectors.local import LocalScaler, LocalScalerConfig
 from schemas import ScalingDecided, Subjects, decode
 from tests.bench.loadgen import Connection, RequestResult, percentile, random_prompt
-from tests.e2e.fleet import free_port
 
 MODEL = "jetfleet-tiny"
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.embedded import free_port
-from tests.up import running_up
+from tests.support.up import running_up
 
 MODEL_NAME = "SmolLM2-135M-Instruct"  # set by main from --model
 SHARED = Path(__file__).resolve().parents[3] / "shared"

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from tests.chaos.checker import Row, Trace, Verdict, judge
 from tests.chaos.load import Load
 from tests.chaos.multihost import MultiHostFleet
-from tests.helpers import wait_for
-from tests.up import ready_workers
+from tests.support.up import ready_workers
+from tests.support.wait import wait_for
 
 Notes = dict[str, object]
 Fault = Callable[[MultiHostFleet], Awaitable[Notes]]

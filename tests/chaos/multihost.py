@@ -31,7 +31,7 @@ from infra.command import cli_command
 from schemas import Subjects
 from tests.chaos.netns import Host, Network
 from tests.chaos.servers import NATS_PORT, HostNats, HostRedis
-from tests.up import ready_workers
+from tests.support.up import ready_workers
 
 FRONTEND_PORT = 8000
 

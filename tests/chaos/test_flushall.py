@@ -18,7 +18,7 @@ import redis
 
 from base.process import wait_http_ok
 from infra.command import cli_command
-from tests.e2e.fleet import free_port
+from infra.embedded import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from base.connect import connect_nats
-from tests.helpers import wait_for
-from tests.nats_cluster import NatsCluster
-from tests.up import running_up
+from tests.support.nats_cluster import NatsCluster
+from tests.support.up import running_up
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 
-from tests.e2e.fleet import Fleet
+from tests.support.clients import openai_client
+from tests.support.fleet import Fleet
 
 
 @pytest.fixture(scope="module")
@@ -18,3 +20,9 @@ def fleet(nats_server, tmp_path_factory) -> Iterator[Fleet]:
         yield f
     finally:
         f.stop()
+
+
+@pytest.fixture
+def client(fleet: Fleet) -> openai.OpenAI:
+    """The official OpenAI client on ``fleet`` (a module's own ``fleet`` fixture, if it has one)."""
+    return openai_client(fleet.base_url)

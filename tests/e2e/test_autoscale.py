@@ -13,8 +13,8 @@ import pytest
 from base.connect import connect_nats
 from infra.command import cli_command
 from schemas import ScalingDecided, ScalingStatus, Subjects, decode
-from tests.e2e.fleet import Fleet
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import signal
 import subprocess
 import time
@@ -19,8 +18,9 @@ import redis
 from infra.command import cli_command
 from schemas import Subjects
 from schemas.streams import fleet_topology
-from tests.e2e.fleet import Fleet
-from tests.helpers import run_cli, wait_for
+from tests.support.clients import run_cli
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for, wait_line
 
 pytestmark = pytest.mark.integration
 
@@ -36,10 +36,7 @@ def test_servers_runs_nats_and_redis_until_ctrl_c(tmp_path: Path) -> None:
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while not (m := re.search(r"NATS +(\S+)\nRedis +(\S+)", out.read_text())):
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
-            time.sleep(0.05)
+        m = wait_line(out, r"NATS +(\S+)\nRedis +(\S+)", 30, proc)
         nats_url, redis_url = m.group(1), m.group(2)
         r = redis.Redis.from_url(redis_url)
         assert r.ping() and r.set("k", "v") and r.get("k") == b"v"
@@ -77,7 +74,7 @@ async def test_infra_init_creates_every_stream_and_bucket_twice_over(nats_url: s
         await nc.close()
 
 
-async def test_replay_traffic_sends_recorded_requests_again(fleet: Fleet) -> None:
+async def test_replay_traffic_command_sends_recorded_requests_again(fleet: Fleet) -> None:
     since = time.time() - 1
     async with httpx.AsyncClient(timeout=30) as client:
         for i in range(4):
@@ -114,7 +111,7 @@ def test_a_tool_against_a_nats_that_is_not_there_says_so_and_exits(
 ) -> None:
     """No endless retry (nats-py reads max_reconnect_attempts 0 as unlimited): one clear line
     and a non-zero exit within seconds."""
-    from tests.e2e.fleet import free_port
+    from infra.embedded import free_port
 
     dead = f"nats://127.0.0.1:{free_port()}"
     started = time.monotonic()

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from infra.embedded import EmbeddedRedis
-from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import Observations
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet, kv_fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -23,26 +23,22 @@ BODY = {"model": M, "prompt": "hello", "max_tokens": 2}
 
 
 @contextlib.contextmanager
-def kv_fleet(
+def own_redis_kv_fleet(
     nats_url: str, tmp: Path, *frontend_args: str
 ) -> Iterator[tuple[Fleet, EmbeddedRedis]]:
     """One worker, an indexer and a kv frontend on a Redis of their own (the test stops and
     starts it on the same port)."""
     redis = EmbeddedRedis(tmp / "redis", port=0)
     redis.start()
-    f = Fleet(nats_url, tmp / "logs", redis_url=redis.url)
     try:
-        f.add_worker()
-        f.start_indexer()
-        f.start_frontend("--router", "kv", *frontend_args)
-        yield f, redis
+        with kv_fleet(nats_url, tmp / "logs", redis.url, *frontend_args) as f:
+            yield f, redis
     finally:
-        f.stop()
         redis.stop()
 
 
 async def test_redis_outage_routes_by_load_then_by_cache_again(nats_server, tmp_path):
-    with kv_fleet(nats_server.url, tmp_path) as (f, redis):
+    with own_redis_kv_fleet(nats_server.url, tmp_path) as (f, redis):
         url = f"{f.base_url}/v1/completions"
         async with Observations(f) as obs, httpx.AsyncClient(timeout=30) as client:
             assert (await client.post(url, json=BODY)).status_code == 200
@@ -64,7 +60,7 @@ async def test_redis_outage_routes_by_load_then_by_cache_again(nats_server, tmp_
 
 
 async def test_without_the_fallback_an_outage_gives_503_then_recovers(nats_server, tmp_path):
-    with kv_fleet(nats_server.url, tmp_path, "--no-kv-redis-fallback") as (f, redis):
+    with own_redis_kv_fleet(nats_server.url, tmp_path, "--no-kv-redis-fallback") as (f, redis):
         url = f"{f.base_url}/v1/completions"
         async with httpx.AsyncClient(timeout=30) as client:
             assert (await client.post(url, json=BODY)).status_code == 200

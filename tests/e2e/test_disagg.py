@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 
 from infra.command import cli_command
+from infra.embedded import free_port
 from schemas import RequestObservation, WorkerLoad, decode
-from tests.e2e.fleet import Fleet, free_port
-from tests.helpers import wait_for
+from tests.support.clients import openai_client
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +46,6 @@ def disagg(nats_server, redis_server, tmp_path_factory) -> Iterator[tuple[Fleet,
         f.stop()
 
 
-def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
 def _chat(url: str, stream: bool = False, **kw: Any) -> str:
     args = {
         "model": MODEL,
@@ -57,9 +54,9 @@ def _chat(url: str, stream: bool = False, **kw: Any) -> str:
         "seed": 7,
     } | kw
     if stream:
-        chunks = _client(url).chat.completions.create(**args, stream=True)
+        chunks = openai_client(url).chat.completions.create(**args, stream=True)
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    r = _client(url).chat.completions.create(**args)
+    r = openai_client(url).chat.completions.create(**args)
     assert r.usage.completion_tokens == args["max_tokens"]
     return r.choices[0].message.content or ""
 
@@ -205,7 +202,7 @@ async def _short_on_prefill_long_split(
     prefill_id, decode_id = (f"{fleet.prefix}-worker-{i}" for i in (0, 1))
 
     def complete(url: str, prompt: str) -> None:
-        r = _client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=8, seed=1)
+        r = openai_client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=8, seed=1)
         assert r.usage is not None and r.usage.completion_tokens == 8
 
     busy = threading.Thread(  # a long generation keeps the decode worker loaded
@@ -350,10 +347,7 @@ async def test_a_decode_worker_that_dies_mid_transfer_leaks_nothing(nats_server,
             for _ in range(2)
         ]
         url = f.start_frontend("--router", "round-robin", "--disagg-policy", "always")
-        deadline = time.monotonic() + 30
-        while len(_served_roles(f)) < 3:
-            assert time.monotonic() < deadline, "three workers registered"
-            await asyncio.sleep(0.2)
+        await wait_for(lambda: len(_served_roles(f)) >= 3, timeout=30, interval=0.2)
         obs = await _observations(f, 1, lambda: _chat_and_kill(f, url, decoders))
         assert obs[0].status == "ok" and obs[0].attempts == 2 and obs[0].osl_tokens == 12
         loads = await _loads(f)  # both sides idle with no block in use: nothing held

@@ -15,8 +15,9 @@ from base.connect import connect_nats
 from infra.command import cli_command
 from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
-from tests.e2e.fleet import Fleet
-from tests.helpers import sse_events, wait_for
+from tests.support.clients import sse_events
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 from workers.runtime import own_consumer
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,11 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.fleet import Fleet, free_port
+from infra.embedded import free_port
 from tests.e2e.test_fleet_lifecycle import _count
-from tests.helpers import wait_for
+from tests.support.clients import openai_client
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,14 +28,14 @@ def test_api_key_is_required_on_v1_and_nowhere_else(fleet: Fleet) -> None:
         "--router", "round-robin", "--api-key", "s3cret", name="frontend-key", port=free_port()
     )
     for key in ("wrong", ""):
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key=key or "none", max_retries=0)
+        client = openai_client(url, api_key=key or "none")
         with pytest.raises(openai.AuthenticationError) as refused:
             client.completions.create(model=M, prompt="hi", max_tokens=2)
         assert refused.value.status_code == 401
         assert refused.value.code == "invalid_api_key"
     r = httpx.get(f"{url}/v1/models")  # no header at all
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-    ok = openai.OpenAI(base_url=f"{url}/v1", api_key="s3cret", max_retries=0)
+    ok = openai_client(url, api_key="s3cret")
     done = ok.completions.create(model=M, prompt="hi", max_tokens=2)
     assert done.usage is not None and done.usage.completion_tokens == 2
     for path in ("/health", "/ready", "/metrics"):  # probes and scrapes need no key

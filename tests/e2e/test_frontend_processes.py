@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.fleet import Fleet
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

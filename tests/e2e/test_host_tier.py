@@ -14,9 +14,9 @@ from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt, tier_holder
 from schemas import Subjects
-from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import Observations
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -12,9 +13,10 @@ from base.connect import connect_redis
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt
-from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import Observations
-from tests.helpers import run_cli, wait_for
+from tests.support.clients import run_cli
+from tests.support.fleet import Fleet, kv_fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -22,15 +24,11 @@ M = "jetfleet-tiny"
 PREFIX = "a long shared system prompt about routing, " * 16  # 688 bytes = 43 blocks
 
 
-@pytest.fixture(scope="module")
-def kv_fleet(nats_server, redis_server, tmp_path_factory):
-    f = Fleet(nats_server.url, tmp_path_factory.mktemp("kv-fleet"), redis_url=redis_server.url)
-    f.add_worker()
-    f.add_worker()
-    f.start_indexer()
-    f.start_frontend("--router", "kv")
-    yield f
-    f.stop()
+@pytest.fixture(scope="module", name="kv_fleet")
+def kv_fleet_fixture(nats_server, redis_server, tmp_path_factory) -> Iterator[Fleet]:
+    logs = tmp_path_factory.mktemp("kv-fleet")
+    with kv_fleet(nats_server.url, logs, redis_server.url, workers=2) as f:
+        yield f
 
 
 async def test_repeated_prefix_goes_to_the_worker_that_cached_it(kv_fleet):

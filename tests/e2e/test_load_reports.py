@@ -12,9 +12,9 @@ import pytest
 
 from schemas import Request, SamplingParams, Subjects, TokenChunk, WorkerLoad, decode, encode
 from schemas.requests import routed_msg_id
-from tests.e2e.fleet import Fleet
 from tests.e2e.test_fleet_lifecycle import _has
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

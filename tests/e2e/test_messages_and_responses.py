@@ -28,11 +28,6 @@ def claude(fleet) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=fleet.base_url, api_key="unused", max_retries=0)
 
 
-@pytest.fixture
-def client(fleet) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{fleet.base_url}/v1", api_key="unused", max_retries=0)
-
-
 # ---------------------------------------------------------------------------- messages
 def test_messages_whole_and_streamed_agree(claude):
     args: dict[str, Any] = {

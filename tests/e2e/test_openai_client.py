@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 pytestmark = pytest.mark.integration
 
 MODEL = "jetfleet-tiny"
-
-
-@pytest.fixture
-def client(fleet) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{fleet.base_url}/v1", api_key="unused", max_retries=0)
 
 
 def test_models_lists_the_shipped_card(client):

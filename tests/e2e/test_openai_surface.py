@@ -7,7 +7,6 @@ import base64
 import json
 import math
 import shutil
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from model.card import default_model_dir
-from tests.e2e.fleet import Fleet
+from tests.support.clients import openai_client
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -80,10 +81,8 @@ def reasoning_fleet(nats_server, tmp_path_factory) -> Iterator[Fleet]:
             "mistral",
         )
         url = f.start_frontend("--router", "round-robin")
-        deadline = time.monotonic() + 30
-        while _served(url) != {"thinker", "mistral"}:  # /ready needs only one of them
-            assert time.monotonic() < deadline, "both models not served in 30 s"
-            time.sleep(0.05)
+        # /ready needs only one of them
+        wait_until(lambda: _served(url) == {"thinker", "mistral"}, 30, "both models served")
         yield f
     finally:
         f.stop()
@@ -92,11 +91,6 @@ def reasoning_fleet(nats_server, tmp_path_factory) -> Iterator[Fleet]:
 def _served(url: str) -> set[str]:
     with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
         return {m["id"] for m in json.load(r)["data"]}
-
-
-@pytest.fixture
-def client(fleet) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{fleet.base_url}/v1", api_key="unused", max_retries=0)
 
 
 def _chat(client: openai.OpenAI, stream: bool, **kwargs: Any) -> dict[str, Any]:
@@ -319,14 +313,12 @@ def test_a_coding_agent_turn_runs_through_chat_completions(client):
 
 
 def test_auto_tools_without_a_parser_and_bad_tools_are_400s(fleet, reasoning_fleet):
-    thinker = openai.OpenAI(
-        base_url=f"{reasoning_fleet.base_url}/v1", api_key="unused", max_retries=0
-    )
+    thinker = openai_client(reasoning_fleet.base_url)
     with pytest.raises(openai.BadRequestError, match="tool call parser"):
         thinker.chat.completions.create(
             model="thinker", messages=[{"role": "user", "content": "x"}], tools=TOOLS
         )
-    client = openai.OpenAI(base_url=f"{fleet.base_url}/v1", api_key="unused", max_retries=0)
+    client = openai_client(fleet.base_url)
     with pytest.raises(openai.BadRequestError, match="not in tools"):
         client.chat.completions.create(
             model=MODEL,
@@ -339,9 +331,7 @@ def test_auto_tools_without_a_parser_and_bad_tools_are_400s(fleet, reasoning_fle
 # -------------------------------------------------------------------------------- reasoning
 @pytest.mark.parametrize("stream", [False, True])
 def test_reasoning_moves_into_reasoning_content(reasoning_fleet, stream):
-    client = openai.OpenAI(
-        base_url=f"{reasoning_fleet.base_url}/v1", api_key="unused", max_retries=0
-    )
+    client = openai_client(reasoning_fleet.base_url)
     # guided_choice makes the mocker write exactly this text: the parser is what is tested
     text = "<think>The user greets me.\nBe brief.</think>Hello!"
     out = _chat(client, stream, model="thinker", extra_body={"guided_choice": [text]})
@@ -355,9 +345,7 @@ def test_reasoning_moves_into_reasoning_content(reasoning_fleet, stream):
 def test_auto_tool_calls_with_a_special_token_marker_are_parsed(reasoning_fleet, stream):
     """Mistral's [TOOL_CALLS] is a special token: the frontend asks the worker to keep special
     tokens for this request, and the mistral parser finds the call in the text."""
-    client = openai.OpenAI(
-        base_url=f"{reasoning_fleet.base_url}/v1", api_key="unused", max_retries=0
-    )
+    client = openai_client(reasoning_fleet.base_url)
     text = 'Searching.[TOOL_CALLS][{"name": "search", "arguments": {"query": "jetfleet"}}]'
     out = _chat(client, stream, model="mistral", tools=TOOLS, extra_body={"guided_choice": [text]})
     assert out["content"] == "Searching."

@@ -7,27 +7,17 @@ from __future__ import annotations
 import uuid
 
 import httpx
-import msgspec
 import nats
 import pytest
 
-from schemas import DeadLetter, Request, SamplingParams, Subjects, TokenChunk, decode, encode
+from schemas import DeadLetter, Request, Subjects, TokenChunk, decode, encode
 from schemas.streams import WORKERS_BUCKET
-from tests.helpers import wait_for
+from tests.support.builders import poison_requests
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
 M = "jetfleet-tiny"
-
-
-def _poison(rid: str) -> list[tuple[str, Request]]:
-    ok = Request(rid, M, tuple(b"hello"), SamplingParams(max_tokens=4))
-    return [
-        ("max_tokens", msgspec.structs.replace(ok, sampling=SamplingParams(max_tokens=0))),
-        ("empty", msgspec.structs.replace(ok, request_id=rid + "-e", token_ids=())),
-        ("token ids", msgspec.structs.replace(ok, request_id=rid + "-v", token_ids=(1, 10**6))),
-        ("request_id", msgspec.structs.replace(ok, request_id="bad.id with space")),
-    ]
 
 
 @pytest.mark.parametrize("where", ["pool", "worker", "submit"])
@@ -65,7 +55,7 @@ async def test_poison_is_refused_once_and_the_fleet_serves_on(fleet, where: str)
             return set(workers) <= set(keys)
 
         await wait_for(all_registered, timeout=30)
-        poison = _poison(rid)
+        poison = poison_requests(rid, M)
         for _, req in poison:
             await nc.jetstream().publish(subject, encode(req))
         await wait_for(lambda: len(letters) >= len(poison), timeout=20)

@@ -14,7 +14,7 @@ from base.connect import close_nats, connect_nats
 from infra.command import cli_command
 from infra.replay_request import request_timeline
 from schemas import Request, RequestObservation, Subjects, TokenChunk
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

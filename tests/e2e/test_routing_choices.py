@@ -11,9 +11,10 @@ import json
 import httpx
 import pytest
 
-from tests.e2e.fleet import Fleet, free_port
+from infra.embedded import free_port
 from tests.e2e.test_fleet_lifecycle import Observations, _count
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from infra.command import cli_command
 from schemas import Request, SamplingParams, Subjects, TokenChunk, decode, encode
-from tests.e2e.fleet import Fleet
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

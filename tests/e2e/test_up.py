@@ -12,37 +12,20 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from anthropic import Anthropic
-from openai import OpenAI
 
 from base.process import wait_http_ok
 from infra.command import cli_command
-from tests.e2e.fleet import free_port
-from tests.up import up_argv
+from infra.embedded import free_port
+from tests.support.clients import openai_client
+from tests.support.up import up_argv
+from tests.support.wait import wait_line, wait_until
 
 pytestmark = pytest.mark.integration
-
-
-def _wait_line(path: Path, pattern: str, timeout_s: float, proc: subprocess.Popen) -> re.Match:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m := re.search(pattern, path.read_text(errors="replace")):
-            return m
-        assert proc.poll() is None, path.read_text(errors="replace")[-3000:]
-        time.sleep(0.1)
-    raise AssertionError(f"{pattern!r} not printed:\n{path.read_text(errors='replace')[-3000:]}")
-
-
-def _wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {timeout_s}s: {what}"
-        time.sleep(0.1)
 
 
 def _replay_until(nats_url: str, intervals: int) -> subprocess.CompletedProcess[str]:
@@ -56,7 +39,7 @@ def _replay_until(nats_url: str, intervals: int) -> subprocess.CompletedProcess[
         m = re.search(r"(\d+) intervals, \d+ metric messages, \d+ decisions, 0 differ", done.stdout)
         return m is not None and int(m.group(1)) >= intervals
 
-    _wait_until(enough, 30, f"{intervals} planner intervals recorded and reproduced")
+    wait_until(enough, 30, f"{intervals} planner intervals recorded and reproduced")
     return result[0]
 
 
@@ -136,7 +119,7 @@ def _a_dead_component_is_restarted(out: Path, proc: subprocess.Popen) -> None:
     """kill -9 of the indexer: up notices, logs it and starts it again."""
     (first,) = _started(out, "indexer")
     os.kill(first, signal.SIGKILL)
-    _wait_until(lambda: len(_started(out, "indexer")) == 2, 30, "the indexer is started again")
+    wait_until(lambda: len(_started(out, "indexer")) == 2, 30, "the indexer is started again")
     assert "component_exited" in out.read_text()
     assert proc.poll() is None
 
@@ -172,7 +155,7 @@ def _an_agent_session_runs_on_every_endpoint(port: int) -> None:
     """System prompt, tools, a call, its result, a streamed final answer: through chat
     completions, Responses and Anthropic Messages of this ``up``; and an embedding."""
     base = f"http://127.0.0.1:{port}"
-    client = OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    client = openai_client(base, api_key="none")
     system = {"role": "system", "content": "You are a coding agent."}
     messages: list[dict[str, Any]] = [system, {"role": "user", "content": "Run the tests."}]
     first = client.chat.completions.create(
@@ -273,7 +256,7 @@ def test_up_stops_everything_when_its_output_pipe_is_gone(tmp_path: Path) -> Non
     proc.stdout.close()  # the reader is gone, as tee after Ctrl-C
     proc.send_signal(signal.SIGINT)
     proc.wait(90)
-    _wait_until(lambda: not _pids_alive(children), 30, "every process up started exits")
+    wait_until(lambda: not _pids_alive(children), 30, "every process up started exits")
 
 
 def _pids_alive(pids: list[int]) -> list[int]:
@@ -294,10 +277,10 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        _wait_line(out, r"jetfleet is up", 90, proc)
-        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+        wait_line(out, r"jetfleet is up", 90, proc)
+        nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
         wait_http_ok(f"http://127.0.0.1:{port}/ready", 30)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none", max_retries=2)
         for i in range(5):
             r = client.chat.completions.create(
                 model="jetfleet-tiny",
@@ -335,8 +318,8 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
     assert code == 0, out.read_text()[-3000:]
     workers = (tmp_path / "state" / "logs").glob("agg-*.log")
     assert [w for w in workers], "the connector started the workers"
-    _wait_until(lambda: not _pids_alive(children), 10, "every child process exits")
-    _wait_until(lambda: not _pids_alive(worker_pids), 10, "the connector's workers exit too")
+    wait_until(lambda: not _pids_alive(children), 10, "every child process exits")
+    wait_until(lambda: not _pids_alive(worker_pids), 10, "the connector's workers exit too")
 
 
 def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
@@ -364,8 +347,8 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        _wait_line(out, r"jetfleet is up", 90, proc)
-        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+        wait_line(out, r"jetfleet is up", 90, proc)
+        nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
 
         def ready_workers() -> int:
             done = subprocess.run(
@@ -373,8 +356,8 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
             )
             return sum(w["status"] == "ready" for w in json.loads(done.stdout)["workers"])
 
-        _wait_until(lambda: ready_workers() == 0, 60, "the idle fleet scales to zero")
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=6)
+        wait_until(lambda: ready_workers() == 0, 60, "the idle fleet scales to zero")
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none", max_retries=6)
         started = time.monotonic()
         r = client.completions.create(model="jetfleet-tiny", prompt="wake up", max_tokens=4)
         assert r.usage is not None and r.usage.completion_tokens == 4
@@ -405,9 +388,9 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        _wait_line(out, r"jetfleet is up.*1 prefill, 2 decode", 90, proc)
-        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        wait_line(out, r"jetfleet is up.*1 prefill, 2 decode", 90, proc)
+        nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none")
 
         def roles() -> list[str]:
             status = subprocess.run(
@@ -415,7 +398,7 @@ def test_up_disagg_serves_through_prefill_and_decode_pools(tmp_path: Path) -> No
             )
             return sorted(w["role"] for w in json.loads(status.stdout)["workers"])
 
-        _wait_until(lambda: roles() == ["decode", "decode", "prefill"], 60, "three workers")
+        wait_until(lambda: roles() == ["decode", "decode", "prefill"], 60, "three workers")
         status = subprocess.run(
             cli_command("status", "--nats", nats_url), capture_output=True, text=True
         )
@@ -458,9 +441,9 @@ def test_up_with_host_tiers_loads_an_evicted_head_back(tmp_path: Path) -> None:
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        _wait_line(out, r"jetfleet is up", 90, proc)
-        nats_url = _wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        wait_line(out, r"jetfleet is up", 90, proc)
+        nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
+        client = openai_client(f"http://127.0.0.1:{port}", api_key="none")
         head = "a system prompt that outlives the GPU cache, " * 16  # 720 bytes: 45 blocks
 
         def cached(prompt: str) -> int:
@@ -483,7 +466,7 @@ def test_up_with_host_tiers_loads_an_evicted_head_back(tmp_path: Path) -> None:
             )
             return json.loads(status.stdout)["workers"][0]
 
-        _wait_until(lambda: (worker().get("host_kv_usage") or 0) > 0, 30, "host tier reported")
+        wait_until(lambda: (worker().get("host_kv_usage") or 0) > 0, 30, "host tier reported")
         assert worker()["num_cpu_blocks"] == 512
         status = subprocess.run(
             cli_command("status", "--nats", nats_url), capture_output=True, text=True
@@ -557,8 +540,8 @@ def test_a_signal_during_start_up_stops_up_at_once(tmp_path: Path) -> None:
     with out.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        redis_pid = int(_wait_line(out, r"server_started.*?pid=(\d+)", 30, proc).group(1))
-        _wait_line(out, r"nats_error.*jetfleet-infra-init", 30, proc)  # in the NATS wait
+        redis_pid = int(wait_line(out, r"server_started.*?pid=(\d+)", 30, proc).group(1))
+        wait_line(out, r"nats_error.*jetfleet-infra-init", 30, proc)  # in the NATS wait
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
@@ -568,4 +551,4 @@ def test_a_signal_during_start_up_stops_up_at_once(tmp_path: Path) -> None:
     assert code == 128 + signal.SIGTERM, text[-3000:]
     assert "interrupted during start-up" in text
     assert time.monotonic() - signalled < 5, "up went on waiting for NATS after the signal"
-    _wait_until(lambda: not _pids_alive([redis_pid]), 10, "the embedded Redis stops")
+    wait_until(lambda: not _pids_alive([redis_pid]), 10, "the embedded Redis stops")

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import msgspec
 import nats
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,16 +21,16 @@ from hypothesis import strategies as st
 
 from schemas import (
     DeadLetter,
-    Request,
     RequestObservation,
-    SamplingParams,
     TokenChunk,
     decode,
     encode,
 )
 from tests.e2e.test_fuzz_http import BODIES, _check
-from tests.helpers import sse_events, wait_for
-from tests.up import Up, running_up
+from tests.support.builders import poison_requests
+from tests.support.clients import sse_events
+from tests.support.up import Up, running_up
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,13 +49,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
 
 def _poison(rid: str) -> list[tuple[str, bytes]]:
     """Decodable but invalid requests, and bytes that decode to nothing: (reason, body)."""
-    ok = Request(rid, M, tuple(b"hello"), SamplingParams(max_tokens=4))
-    bad = [
-        ("max_tokens", msgspec.structs.replace(ok, sampling=SamplingParams(max_tokens=0))),
-        ("empty", msgspec.structs.replace(ok, request_id=rid + "-e", token_ids=())),
-        ("token ids", msgspec.structs.replace(ok, request_id=rid + "-v", token_ids=(1, 2**40))),
-        ("request_id", msgspec.structs.replace(ok, request_id="bad.id with space")),
-    ]
+    bad = poison_requests(rid, M, out_of_vocab=2**40)
     return [(reason, encode(req)) for reason, req in bad] + [("", b"\xc1 not msgpack")]
 
 

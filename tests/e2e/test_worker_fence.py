@@ -16,8 +16,8 @@ from nats.aio.msg import Msg
 
 from schemas import Request, SamplingParams, Subjects, TokenChunk, decode, encode
 from schemas.streams import WORKERS_BUCKET
-from tests.e2e.fleet import Fleet
-from tests.helpers import wait_for
+from tests.support.fleet import Fleet
+from tests.support.wait import wait_for
 
 
 async def test_a_request_delivered_after_it_moved_on_is_not_run(

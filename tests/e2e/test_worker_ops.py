@@ -8,7 +8,8 @@ import pytest
 
 from base.process import wait_http_ok
 from infra.command import cli_command
-from tests.e2e.fleet import Fleet, free_port
+from infra.embedded import free_port
+from tests.support.fleet import Fleet
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from router.discovery import Discovery
 from router.fleet_state import FleetState
 from schemas import encode, model_token
 from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

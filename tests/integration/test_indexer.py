@@ -16,8 +16,8 @@ from router.kv.index import InMemoryPrefixIndex
 from router.kv.translate import EventTranslator
 from schemas import ControlRequest, KvEventBatch, decode, encode
 from schemas.kv_events import BlockStored
-from tests.helpers import wait_for
-from tests.kv_events_gen import mocker_event_batches
+from tests.support.kv_events import kv_batch, mocker_event_batches, stored
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -145,8 +145,8 @@ async def test_event_id_gap_drops_the_worker_and_asks_it_to_resync(nc, subjects,
     from schemas.hashing import block_hashes
 
     h = tuple(block_hashes(toks, 4))
-    ok = KvEventBatch("w9", "m", 1, 0.0, (BlockStored(h, None, toks, 4),))
-    gap = KvEventBatch("w9", "m", 5, 0.0, (BlockStored((77,), h[-1], tuple(range(8, 12)), 4),))
+    ok = kv_batch("w9", 1, BlockStored(h, None, toks, 4))
+    gap = kv_batch("w9", 5, stored((77,), h[-1], 4, first_token=8))
     await publish_all(nc, subjects, [ok])
     await wait_for(lambda: run.indexer.applied >= 1, timeout=10)
     assert await run.indexer.index.match("m", h) == {"w9": 2}

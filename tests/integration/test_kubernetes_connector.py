@@ -26,8 +26,8 @@ from planner.connectors.kubernetes import (
     serve_kubernetes_connector,
 )
 from schemas import DeadLetter, ScalingDecided, ScalingStatus, Subjects, decode, encode
-from tests.fake_k8s import FakeKubernetes
-from tests.helpers import wait_for
+from tests.support.fake_k8s import FakeKubernetes
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -21,6 +21,7 @@ from router.kv.routing import CandidateLoad, RouteCall
 from router.kv.translate import EventTranslator, ShapeOp
 from schemas.hashing import block_hashes
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from tests.support.kv_events import kv_batch
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ class World:
             held.clear()
             ev = AllBlocksCleared()
         self.eid[w] += 1
-        return KvEventBatch(w, M, self.eid[w], 0.0, (ev,))
+        return kv_batch(w, self.eid[w], ev, model=M)
 
     def queries(self) -> list[tuple[int, ...]]:
         out = []
@@ -140,16 +141,16 @@ async def test_long_chains_both_ways(redis_index):
         "a",
         1,
         0,
-        tr.translate(KvEventBatch("a", M, 1, 0.0, (BlockStored(h, None, tuple(toks), BS),))).ops,
+        tr.translate(kv_batch("a", 1, BlockStored(h, None, tuple(toks), BS), model=M)).ops,
     )
     await redis_index.apply(
         M,
         "b",
         1,
         0,
-        tr.translate(KvEventBatch("b", M, 1, 0.0, (BlockStored(h, None, tuple(toks), BS),))).ops,
+        tr.translate(kv_batch("b", 1, BlockStored(h, None, tuple(toks), BS), model=M)).ops,
     )
     await redis_index.apply(
-        M, "b", 2, 0, tr.translate(KvEventBatch("b", M, 2, 0.0, (BlockRemoved((h[7000],)),))).ops
+        M, "b", 2, 0, tr.translate(kv_batch("b", 2, BlockRemoved((h[7000],)), model=M)).ops
     )
     assert await redis_index.match(M, h) == {"a": 9000, "b": 7000}

@@ -11,8 +11,8 @@ from router.kv.redis_index import RedisPrefixIndex
 from router.kv.routing import CandidateLoad, RouteCall
 from router.kv.shape import UNKNOWN
 from schemas.hashing import block_hashes
-from tests.helpers import wait_for
-from tests.kv_contract import BS, Feeder, IndexContract, M, tokens
+from tests.support.kv_contract import BS, Feeder, IndexContract, M, tokens
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -13,16 +13,13 @@ from router.kv.redis_index import RedisPrefixIndex
 from router.kv.router import ApproxKvRouter, KvRouter
 from router.kv.translate import StoreOp, fleet_hashes_for_prompt
 from router.policies import RouteQuery
-from schemas import WorkerRegistration
+from tests.support.builders import fleet_state, registration
 
 pytestmark = pytest.mark.integration
 
 
 def fleet(*workers: str) -> FleetState:
-    st = FleetState()
-    for w in workers:
-        st.upsert(WorkerRegistration(w, "m", "agg", "mocker", 8, 1000, 16))
-    return st
+    return fleet_state(*(registration(w, num_gpu_blocks=1000) for w in workers))
 
 
 @pytest.fixture

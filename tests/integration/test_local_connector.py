@@ -15,7 +15,7 @@ from base.worker_watch import WorkerWatch
 from infra.command import cli_command
 from planner.connectors.local import LocalScaler, LocalScalerConfig
 from schemas import ScalingDecided, Subjects
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

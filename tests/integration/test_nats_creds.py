@@ -13,10 +13,9 @@ import pytest
 
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats
-from tests.e2e.fleet import free_port
-from tests.helpers import run_cli
-from tests.nats_jwt import operator_setup, write_creds
+from infra.embedded import EmbeddedNats, free_port
+from tests.support.clients import run_cli
+from tests.support.nats_jwt import operator_setup, write_creds
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from base.connect import close_nats, connect_nats
 from infra.embedded import EmbeddedNats
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 
 async def test_a_silent_server_is_given_up_within_seconds(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ from nats.js.errors import APIError
 
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats
+from infra.embedded import EmbeddedNats, free_port
 from infra.tools import infra_init
 from schemas import Subjects
-from tests.e2e.fleet import free_port
-from tests.helpers import run_cli, wait_for
+from tests.support.clients import run_cli
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

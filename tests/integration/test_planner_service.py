@@ -20,12 +20,12 @@ from schemas import (
     RequestObservation,
     ScalingDecided,
     WorkerLoad,
-    WorkerRegistration,
     decode,
     encode,
 )
 from schemas.streams import WORKERS_BUCKET
-from tests.helpers import wait_for
+from tests.support.builders import registration
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -68,14 +68,11 @@ class Planner:
 async def register(js, subjects, worker_id: str, managed_by: str = "local") -> None:
     """A worker as a connector starts it (``managed_by="hand"``: one started by hand)."""
     kv = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
-    reg = WorkerRegistration(
+    reg = registration(
         worker_id,
         MODEL,
-        "agg",
-        "mocker",
-        64,
-        1000,
-        16,
+        max_num_seqs=64,
+        num_gpu_blocks=1000,
         heartbeat_at_s=time.time(),
         ttl_s=60.0,
         managed_by=managed_by,

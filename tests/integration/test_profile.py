@@ -23,7 +23,7 @@ from infra.cli import build_parser
 from infra.profile import run_profile
 from planner.capacity import load_profile, mocker_profile
 from schemas import Subjects
-from tests.e2e.fleet import Fleet
+from tests.support.fleet import Fleet
 
 pytestmark = pytest.mark.integration
 

@@ -15,16 +15,16 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from base.connect import connect_redis
 from base.topology import ensure_topology
 from infra.embedded import EmbeddedRedis
-from router.fleet_state import FleetState
 from router.indexer import Indexer, IndexerConfig, IndexerMetrics
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.router import KvRouter
 from router.kv.translate import StoreOp
 from router.policies import RouteQuery
-from schemas import WorkerRegistration, encode
-from tests.helpers import wait_for
-from tests.kv_events_gen import mocker_event_batches
+from schemas import encode
+from tests.support.builders import fleet_state, registration
+from tests.support.kv_events import mocker_event_batches
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -83,9 +83,12 @@ async def test_indexer_and_frontend_under_their_own_users(acl_redis, nc, subject
     for lean in (True, False):
         router = KvRouter(RedisPrefixIndex(redis_fe, keys, lean=lean), seed=1)
         await router.warm()
-        state = FleetState()
-        for w in ("w0", "w1"):  # the workers of mocker_event_batches
-            state.upsert(WorkerRegistration(w, "m", "agg", "mocker", 4, 64, 4))
+        state = fleet_state(  # the workers of mocker_event_batches
+            *(
+                registration(w, max_num_seqs=4, num_gpu_blocks=64, block_size=4)
+                for w in ("w0", "w1")
+            )
+        )
         stored = next(e for b in batches for e in b.events if type(e).__name__ == "BlockStored")
         prompt = stored.token_ids[: 4 * len(stored.block_hashes)]
         rid = f"req-{lean}"

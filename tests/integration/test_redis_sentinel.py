@@ -14,8 +14,8 @@ import pytest
 from base.connect import connect_nats, connect_redis, parse_sentinel_url
 from router.kv.keys import KvKeys
 from router.kv.resp import RespPipe
-from tests.helpers import wait_for
-from tests.redis_ha import SERVICE, RedisHA
+from tests.support.redis_ha import SERVICE, RedisHA
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +94,7 @@ async def test_routing_goes_on_through_a_failover_and_the_index_is_whole_after(
     primary and a repeated prefix is found there again."""
     import httpx
 
-    from tests.up import running_up
+    from tests.support.up import running_up
 
     statuses: list[int] = []
     with running_up(tmp_path, 2, "--redis", ha.url, "--speedup", "20") as up:

@@ -25,9 +25,8 @@ import trustme
 
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats
-from tests.e2e.fleet import free_port
-from tests.helpers import run_cli
+from infra.embedded import EmbeddedNats, free_port
+from tests.support.clients import run_cli
 
 pytestmark = pytest.mark.integration
 

@@ -24,8 +24,8 @@ import zmq
 import zmq.asyncio
 
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
-from tests.helpers import wait_for
-from tests.unit.test_vllm_engine import FakeBackend
+from tests.support.vllm_fakes import FakeBackend
+from tests.support.wait import wait_for
 from tests.unit.test_vllm_wire_mirror import (
     AllBlocksClearedV3,
     BlockRemovedV3,
@@ -381,7 +381,7 @@ async def test_before_0_12_a_reset_after_a_loss_counts_only_once_vllm_publishes_
     await publisher.publish(batch(stored(2, 1)), drop=True, forget=True)  # lost for good
     await publisher.publish(batch(stored(3, None)))
     await wait_for(lambda: backend.llm.resets >= 3, timeout=5.0, interval=0.005)
-    assert engine._reset_task is not None and not engine._reset_task.done()  # still unconfirmed
+    assert engine.kv.resetting  # still unconfirmed
     await publisher.publish(batch(AllBlocksClearedV3()))  # vLLM's next step publishes it
-    await wait_for(lambda: engine._reset_task.done(), timeout=5.0, interval=0.005)  # type: ignore[union-attr]
+    await wait_for(lambda: not engine.kv.resetting, timeout=5.0, interval=0.005)
     await engine.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from model.card import default_model_dir, load_model_dir
 from model.detokenize import IncrementalDetokenizer
 from model.tokenizer import ModelTokenizer
 
@@ -17,14 +16,6 @@ TEXTS = [
     "🎉",
     "mixed: 한국어 ✓ ∑ \U0001d518",
 ]
-
-
-@pytest.fixture(scope="module")
-def tok() -> ModelTokenizer:
-    local = load_model_dir(default_model_dir())
-    return ModelTokenizer(
-        local.tokenizer_json, local.chat_template, local.bos_token, local.eos_token
-    )
 
 
 def byte_fallback_tokenizer() -> Tokenizer:

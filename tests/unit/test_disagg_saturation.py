@@ -11,22 +11,10 @@ from router.client import ClientConfig, FleetClient
 from router.disagg import DisaggConfig
 from router.disagg_client import DisaggClient
 from router.fleet_state import FleetState
-from schemas import Request, SamplingParams, Subjects, WorkerLoad, WorkerRegistration
+from schemas import Request, SamplingParams, Subjects, WorkerLoad
+from tests.support.builders import registration
 
 LONG = Request("r", "m", tuple(range(3000)), SamplingParams(max_tokens=4))
-
-
-def _reg(wid: str, role: str) -> WorkerRegistration:
-    return WorkerRegistration(
-        worker_id=wid,
-        model="m",
-        role=role,
-        engine="mocker",
-        max_num_seqs=64,
-        num_gpu_blocks=100,
-        block_size=16,
-        ttl_s=5.0,
-    )
 
 
 def _load(wid: str, running: int, waiting: int) -> WorkerLoad:
@@ -36,9 +24,9 @@ def _load(wid: str, running: int, waiting: int) -> WorkerLoad:
 def _client(loads: dict[str, tuple[int, int]]) -> DisaggClient:
     state = FleetState()
     for wid in loads:
-        state.upsert(_reg(wid, "prefill"))
+        state.upsert(registration(wid, role="prefill", max_num_seqs=64))
         state.apply_load(_load(wid, *loads[wid]), 0.0)
-    state.upsert(_reg("d", "decode"))
+    state.upsert(registration("d", role="decode", max_num_seqs=64))
     nc: Any = MagicMock()
 
     def client(role: str) -> FleetClient:

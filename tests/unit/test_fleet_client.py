@@ -8,25 +8,8 @@ from unittest.mock import AsyncMock, MagicMock
 
 from router.client import ClientConfig, FleetClient
 from router.fleet_state import FleetState
-from schemas import Request, RouteDecision, SamplingParams, Subjects, WorkerRegistration
-
-
-def _state(*workers: str) -> FleetState:
-    state = FleetState()
-    for wid in workers:
-        state.upsert(
-            WorkerRegistration(
-                worker_id=wid,
-                model="m",
-                role="agg",
-                engine="mocker",
-                max_num_seqs=8,
-                num_gpu_blocks=100,
-                block_size=16,
-                ttl_s=5.0,
-            )
-        )
-    return state
+from schemas import Request, RouteDecision, SamplingParams, Subjects
+from tests.support.builders import fleet_state, registration
 
 
 def _client(state: FleetState) -> FleetClient:
@@ -43,7 +26,7 @@ def _request(rid: str) -> Request:
 
 
 async def test_the_fleet_state_counts_requests_in_flight_and_their_release() -> None:
-    state = _state("w1", "w2")
+    state = fleet_state(registration("w1"), registration("w2"))
     client = _client(state)
     a = await client.generate(_request("a"), routed=("s", RouteDecision("kv", "w1")))
     await client.generate(_request("b"), routed=("s", RouteDecision("kv", "w1")))
@@ -55,7 +38,7 @@ async def test_the_fleet_state_counts_requests_in_flight_and_their_release() -> 
 
 
 async def test_a_worker_removed_from_the_fleet_state_interrupts_what_ran_there() -> None:
-    state = _state("w1", "w2")
+    state = fleet_state(registration("w1"), registration("w2"))
     client = _client(state)
     on_w1 = await client.generate(_request("a"), routed=("s", RouteDecision("kv", "w1")))
     on_w2 = await client.generate(_request("b"), routed=("s", RouteDecision("kv", "w2")))
@@ -65,7 +48,7 @@ async def test_a_worker_removed_from_the_fleet_state_interrupts_what_ran_there()
 
 
 async def test_a_worker_gone_while_the_request_was_routed_is_caught_at_registration() -> None:
-    state = _state("w1")
+    state = fleet_state(registration("w1"))
     client = _client(state)
     gen = await client.generate(_request("a"), routed=("s", RouteDecision("kv", "gone")))
     assert gen.pending  # interrupted at once, not at the stall timeout

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from base.worker_watch import Hearing, expired
 from schemas import WorkerRegistration
+from tests.support.builders import registration
 
 
 def reg(worker_id: str) -> WorkerRegistration:
-    return WorkerRegistration(worker_id, "m", "agg", "mocker", 8, 100, 16, ttl_s=4.0)
+    return registration(worker_id, ttl_s=4.0)
 
 
 def test_one_silent_worker_among_beating_ones_expires_after_its_ttl() -> None:

@@ -6,24 +6,20 @@ import pytest
 
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.translate import EventTranslator
-from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from tests.support.kv_events import kv_batch, stored
 from workers.kv_batching import split_events
 
 BS = 4
 
 
-def stored(first: int, n: int, parent: int | None) -> BlockStored:
-    hashes = tuple(range(first, first + n))
-    return BlockStored(hashes, parent, tuple(range(n * BS)), BS)
-
-
 def test_small_batches_pass_unchanged() -> None:
-    events = [AllBlocksCleared(), stored(1, 3, None), BlockRemoved((2,))]
+    events = [AllBlocksCleared(), stored(range(1, 4), None, BS), BlockRemoved((2,))]
     assert split_events(events, max_tokens=100) == [events]
 
 
 def test_a_long_run_is_cut_into_chained_pieces() -> None:
-    groups = split_events([stored(1, 10, 99)], max_tokens=4 * BS)
+    groups = split_events([stored(range(1, 11), 99, BS)], max_tokens=4 * BS)
     pieces = [ev for g in groups for ev in g]
     assert [len(p.block_hashes) for p in pieces] == [4, 4, 2]
     assert [p.parent_block_hash for p in pieces] == [99, 4, 8]
@@ -32,7 +28,8 @@ def test_a_long_run_is_cut_into_chained_pieces() -> None:
 
 
 def test_limits_hold_and_order_is_kept() -> None:
-    events = [stored(100 * i, 5, None) for i in range(1, 8)] + [BlockRemoved(tuple(range(50)))]
+    events = [stored(range(100 * i, 100 * i + 5), None, BS) for i in range(1, 8)]
+    events += [BlockRemoved(tuple(range(50)))]
     groups = split_events(events, max_tokens=12 * BS, max_hashes=20)
     for g in groups:
         assert sum(len(e.token_ids) for e in g if isinstance(e, BlockStored)) <= 12 * BS
@@ -46,12 +43,17 @@ def test_limits_hold_and_order_is_kept() -> None:
 
 @pytest.mark.parametrize("limit", [1, 3, 7, 64])
 async def test_the_index_is_the_same_however_it_is_cut(limit: int) -> None:
-    events = [stored(1, 9, None), stored(50, 6, 3), BlockRemoved((9, 8)), stored(70, 5, 55)]
+    events = [
+        stored(range(1, 10), None, BS),
+        stored(range(50, 56), 3, BS),
+        BlockRemoved((9, 8)),
+        stored(range(70, 75), 55, BS),
+    ]
 
     async def index_of(groups: list) -> dict:
         idx, tr = InMemoryPrefixIndex(), EventTranslator()
         for k, g in enumerate(groups, 1):
-            batch = KvEventBatch("w", "m", k, 0.0, tuple(g))
+            batch = kv_batch("w", k, *g)
             await idx.apply("m", "w", k, k, tr.translate(batch).ops)
         return idx.dump()
 

@@ -11,7 +11,7 @@ from router.fleet_state import WorkerView
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.router import KvRouter, KvRouterConfig
 from router.policies import RouteQuery
-from schemas import WorkerRegistration
+from tests.support.builders import registration
 
 
 class FlakyIndex(InMemoryPrefixIndex):
@@ -33,7 +33,7 @@ class FlakyIndex(InMemoryPrefixIndex):
 
 
 def views() -> list[WorkerView]:
-    return [WorkerView(WorkerRegistration(w, "m", "agg", "mocker", 8, 100, 16)) for w in "ab"]
+    return [WorkerView(registration(w)) for w in "ab"]
 
 
 def query(rid: str) -> RouteQuery:

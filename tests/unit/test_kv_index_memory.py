@@ -1,7 +1,7 @@
 import pytest
 
 from router.kv.index import InMemoryPrefixIndex
-from tests.kv_contract import IndexContract
+from tests.support.kv_contract import IndexContract
 
 
 class TestInMemoryIndex(IndexContract):
@@ -12,7 +12,7 @@ class TestInMemoryIndex(IndexContract):
 
 async def test_dump_lists_each_models_blocks_and_holders() -> None:
     from schemas.hashing import block_hashes
-    from tests.kv_contract import BS, Feeder, M, tokens
+    from tests.support.kv_contract import BS, Feeder, M, tokens
 
     index = InMemoryPrefixIndex()
     f = Feeder(index)

@@ -16,12 +16,9 @@ from router.kv.translate import (
 from schemas import decode, encode
 from schemas.hashing import block_hashes, hash_seed
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from tests.support.kv_events import kv_batch
 
 BS = 4
-
-
-def batch(eid: int, *events, worker: str = "w") -> KvEventBatch:
-    return KvEventBatch(worker, "m", eid, 0.0, tuple(events))
 
 
 def stores(tr: EventTranslator, b: KvEventBatch) -> list[StoreOp]:
@@ -32,10 +29,10 @@ def test_an_engine_hashing_like_the_fleet_is_trusted_after_one_run():
     tr = EventTranslator()
     toks = tuple(range(24))
     h = tuple(block_hashes(toks, BS))
-    (first,) = stores(tr, batch(1, BlockStored(h[:3], None, toks[:12], BS)))
+    (first,) = stores(tr, kv_batch("w", 1, BlockStored(h[:3], None, toks[:12], BS)))
     assert first.fleet_hashes is first.engine_hashes and first.parent is None
     assert tr.hashes_like_fleet("w")
-    (second,) = stores(tr, batch(2, BlockStored(h[3:], h[2], toks[12:], BS)))
+    (second,) = stores(tr, kv_batch("w", 2, BlockStored(h[3:], h[2], toks[12:], BS)))
     assert second.fleet_hashes is second.engine_hashes == h[3:]
     assert second.parent == h[2]
 
@@ -44,9 +41,9 @@ def test_a_failed_spot_check_recomputes_and_withdraws_trust():
     tr = EventTranslator()
     toks = tuple(range(16))
     h = tuple(block_hashes(toks, BS))
-    stores(tr, batch(1, BlockStored(h[:2], None, toks[:8], BS)))
+    stores(tr, kv_batch("w", 1, BlockStored(h[:2], None, toks[:8], BS)))
     opaque = (901, 902)  # the same tokens under the engine's own hashes
-    (op,) = stores(tr, batch(2, BlockStored(opaque, h[1], toks[8:], BS)))
+    (op,) = stores(tr, kv_batch("w", 2, BlockStored(opaque, h[1], toks[8:], BS)))
     assert op.engine_hashes == opaque and op.fleet_hashes == h[2:]
     assert not tr.hashes_like_fleet("w")
 
@@ -54,7 +51,7 @@ def test_a_failed_spot_check_recomputes_and_withdraws_trust():
 def test_opaque_engine_hashes_are_recomputed_with_the_lora_seed():
     tr = EventTranslator()
     toks = tuple(range(8))
-    (op,) = stores(tr, batch(1, BlockStored((7, 8), None, toks, BS, "adapter")))
+    (op,) = stores(tr, kv_batch("w", 1, BlockStored((7, 8), None, toks, BS, "adapter")))
     assert op.fleet_hashes == tuple(block_hashes(toks, BS, hash_seed("adapter")))
     assert not tr.hashes_like_fleet("w")
 
@@ -75,7 +72,7 @@ def test_lazily_decoded_batches_translate_like_decoded_ones(tokens, fleet_hashin
     n = len(tokens) // BS
     h = tuple(block_hashes(tokens, BS))
     engine = h if fleet_hashing else tuple(range(1000, 1000 + n))
-    b = batch(1, BlockStored(engine, None, tokens, BS))
+    b = kv_batch("w", 1, BlockStored(engine, None, tokens, BS))
     eager, lazy = EventTranslator(), EventTranslator()
     wire = decode(encode(b), WireKvBatch)
     for _ in range(2):  # the second round takes the spot-check path when trusted
@@ -119,26 +116,28 @@ def test_shape_is_announced_when_it_changes():
     tr = EventTranslator()
     toks = tuple(range(16))
     h = tuple(block_hashes(toks, BS))
-    assert shape_ops(tr, batch(1, BlockStored(h, None, toks, BS))) == [True]
-    assert shape_ops(tr, batch(2, BlockRemoved((h[3],)))) == []  # a leaf: still closed
-    assert shape_ops(tr, batch(3, BlockRemoved((h[1],)))) == [False]  # h[2] orphaned
-    assert shape_ops(tr, batch(4, BlockStored((h[1],), h[0], toks[4:8], BS))) == [True]
-    assert shape_ops(tr, batch(5, BlockRemoved((h[0],)), AllBlocksCleared())) == []
+    assert shape_ops(tr, kv_batch("w", 1, BlockStored(h, None, toks, BS))) == [True]
+    assert shape_ops(tr, kv_batch("w", 2, BlockRemoved((h[3],)))) == []  # a leaf: still closed
+    assert shape_ops(tr, kv_batch("w", 3, BlockRemoved((h[1],)))) == [False]  # h[2] orphaned
+    assert shape_ops(tr, kv_batch("w", 4, BlockStored((h[1],), h[0], toks[4:8], BS))) == [True]
+    assert shape_ops(tr, kv_batch("w", 5, BlockRemoved((h[0],)), AllBlocksCleared())) == []
 
 
 def test_preload_without_parents_is_holey_until_cleared():
     tr = EventTranslator()
     tr.preload("w", {1: 1})
-    assert shape_ops(tr, batch(9, BlockRemoved((1,)))) == [False]
-    assert shape_ops(tr, batch(10, AllBlocksCleared())) == [True]
+    assert shape_ops(tr, kv_batch("w", 9, BlockRemoved((1,)))) == [False]
+    assert shape_ops(tr, kv_batch("w", 10, AllBlocksCleared())) == [True]
     tr.preload("x", {})
-    assert shape_ops(tr, batch(1, BlockRemoved((1,)), worker="x")) == [True]
+    assert shape_ops(tr, kv_batch("x", 1, BlockRemoved((1,)))) == [True]
 
 
 def test_removals_carry_one_tuple_for_fleet_hashing_engines():
     tr = EventTranslator()
     toks = tuple(range(8))
     h = tuple(block_hashes(toks, BS))
-    tr.translate(batch(1, BlockStored(h, None, toks, BS)))
-    (op,) = [o for o in tr.translate(batch(2, BlockRemoved(h))).ops if isinstance(o, RemoveOp)]
+    tr.translate(kv_batch("w", 1, BlockStored(h, None, toks, BS)))
+    (op,) = [
+        o for o in tr.translate(kv_batch("w", 2, BlockRemoved(h))).ops if isinstance(o, RemoveOp)
+    ]
     assert op.fleet_hashes is op.engine_hashes

@@ -15,8 +15,15 @@ import pytest
 
 from model.structured import Unsatisfiable, instance, problem, render
 from schemas import SamplingParams, StructuredOutput
-from tests.helpers import wait_for
-from tests.unit.mocker_utils import add_and_run, make_config, make_request, make_scheduler
+from tests.support.engines import Sink
+from tests.support.wait import wait_for
+from tests.unit.mocker_utils import (
+    add_and_run,
+    expected_tokens,
+    make_config,
+    make_request,
+    make_scheduler,
+)
 from workers.engine import EngineHooks, EngineOutput, EngineRequest
 from workers.engines.mocker.embedding import embedding
 from workers.engines.mocker.engine import MockerEngine, vocabulary_token_source
@@ -130,6 +137,28 @@ def test_a_migrated_forced_sequence_continues_where_the_first_attempt_stopped() 
     assert (run.tokens["m"], run.finish["m"]) == ([7, 8], "stop")
 
 
+# ---------------------------------------------------------------------------- stop tokens
+def test_a_stop_token_ends_the_sequence_with_itself_once_min_tokens_are_out() -> None:
+    sched = make_scheduler()
+    req = make_request("s", 9, max_tokens=24, seed=3)
+    plain = expected_tokens(req)  # without stop tokens: 24 tokens, "length"
+    token = next(t for t in plain if plain.count(t) >= 2)  # one that comes back later
+    first, again = [i for i, t in enumerate(plain) if t == token][:2]
+    once = next(i for i, t in enumerate(plain) if plain.count(t) == 1)
+    cases = {  # (stop tokens, min_tokens) -> (tokens, finish)
+        "first": ({token, 1}, 0, plain[: first + 1], "stop"),
+        "min_tokens": ({token}, again + 1, plain[: again + 1], "stop"),  # just enough
+        "never": ({plain[once]}, once + 2, plain, "length"),
+    }
+    for rid, (stops, min_tokens, tokens, finish) in cases.items():
+        run = add_and_run(
+            sched,
+            replace(req, request_id=rid, stop_token_ids=frozenset(stops), min_tokens=min_tokens),
+        )
+        assert (run.tokens[rid], run.finish[rid]) == (tokens, finish), rid
+    assert sched.stats().kv_usage == 0.0  # a stopped sequence frees its blocks
+
+
 # ------------------------------------------------------------------------------ logprobs
 VOCAB = tuple(range(40, 140))
 SOURCE = vocabulary_token_source(VOCAB)
@@ -156,17 +185,6 @@ def test_prompt_logprobs_start_with_none() -> None:
     assert all(
         lp is not None and lp.top_ids == (tok,) for lp, tok in zip(lps[1:], (61, 62), strict=True)
     )
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.outputs: list[EngineOutput] = []
-        self.done = asyncio.Event()
-
-    def on_output(self, output: EngineOutput) -> None:
-        self.outputs.append(output)
-        if output.finished:
-            self.done.set()
 
 
 async def _generate(engine: MockerEngine, request: EngineRequest) -> list[EngineOutput]:

@@ -32,6 +32,7 @@ from schemas import (
     WorkerRegistration,
     encode,
 )
+from tests.support.builders import registration
 
 S = Subjects("fleet")
 MODEL = "tiny"
@@ -217,24 +218,14 @@ def test_reason_kind_has_low_cardinality() -> None:
 
 def test_ready_counts() -> None:
     def reg(w: str, role: str, status: str = "ready", beat: float = 100.0) -> WorkerRegistration:
-        return WorkerRegistration(
-            w,
-            MODEL,
-            role,
-            "mocker",
-            8,
-            100,
-            16,
-            status=status,
-            heartbeat_at_s=beat,  # type: ignore[arg-type]
-        )
+        return registration(w, MODEL, role, status=status, heartbeat_at_s=beat)
 
     regs = {
         "a": reg("a", "agg"),
         "b": reg("b", "agg", status="draining"),
         "c": reg("c", "agg", beat=50.0),  # stale
         "d": reg("d", "decode"),
-        "e": WorkerRegistration("e", "other", "agg", "mocker", 8, 100, 16, heartbeat_at_s=100.0),
+        "e": registration("e", "other", heartbeat_at_s=100.0),
     }
     assert ready_counts(regs, MODEL, ("agg", "prefill"), 101.0) == {"agg": 1, "prefill": 0}
 
@@ -244,8 +235,7 @@ def test_only_workers_that_say_they_were_started_by_hand_are_unmanaged() -> None
     is not raised and a Kubernetes Deployment is never shrunk by an upgrade in progress."""
 
     def reg(w: str, by: str) -> WorkerRegistration:
-        return WorkerRegistration(w, MODEL, "agg", "mocker", 8, 100, 16, heartbeat_at_s=100.0,
-                                  managed_by=by)  # fmt: skip
+        return registration(w, MODEL, heartbeat_at_s=100.0, managed_by=by)
 
     regs = {w: reg(w, by) for w, by in (("a", "hand"), ("b", ""), ("c", "kubernetes"))}
     assert ready_counts(regs, MODEL, ("agg",), 101.0) == {"agg": 3}

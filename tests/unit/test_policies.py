@@ -2,23 +2,9 @@ from collections import Counter
 
 import pytest
 
-from router.fleet_state import FleetState
 from router.policies import LeastLoaded, RandomChoice, RoundRobin, RouteQuery, make_policy
-from schemas import WorkerLoad, WorkerRegistration
-
-
-def reg(wid: str, model: str = "m", role: str = "agg", status: str = "ready", cap: int = 8):
-    return WorkerRegistration(
-        worker_id=wid,
-        model=model,
-        role=role,
-        engine="mocker",
-        max_num_seqs=cap,
-        num_gpu_blocks=100,
-        block_size=16,
-        status=status,
-        ttl_s=5.0,
-    )
+from schemas import WorkerLoad
+from tests.support.builders import fleet_state, registration
 
 
 def load(wid: str, running: int, waiting: int = 0) -> WorkerLoad:
@@ -35,37 +21,30 @@ def load(wid: str, running: int, waiting: int = 0) -> WorkerLoad:
     )
 
 
-def state_with(*regs: WorkerRegistration) -> FleetState:
-    st = FleetState()
-    for r in regs:
-        st.upsert(r)
-    return st
-
-
 Q = RouteQuery("m", 10)
 
 
 def test_round_robin_cycles_in_worker_order():
-    st = state_with(reg("b"), reg("a"), reg("c"))
+    st = fleet_state(registration("b"), registration("a"), registration("c"))
     rr = RoundRobin()
     picks = [rr.choose(Q, st.candidates("m")).worker_id for _ in range(6)]
     assert picks == ["a", "b", "c", "a", "b", "c"]
 
 
 def test_candidates_filter_model_role_status_and_exclusions():
-    st = state_with(
-        reg("a"),
-        reg("b", model="other"),
-        reg("c", role="prefill"),
-        reg("d", status="draining"),
-        reg("e"),
+    st = fleet_state(
+        registration("a"),
+        registration("b", model="other"),
+        registration("c", role="prefill"),
+        registration("d", status="draining"),
+        registration("e"),
     )
     assert {v.worker_id for v in st.candidates("m")} == {"a", "e"}
     assert {v.worker_id for v in st.candidates("m", exclude=["a"])} == {"e"}
 
 
 def test_least_loaded_uses_larger_of_report_and_local_count():
-    st = state_with(reg("a"), reg("b"))
+    st = fleet_state(registration("a"), registration("b"))
     st.apply_load(load("a", running=1), 0.0)
     st.workers["b"].in_flight = 3  # our own count beats b's (missing) report
     d = LeastLoaded(seed=1).choose(Q, st.candidates("m"))
@@ -75,7 +54,7 @@ def test_least_loaded_uses_larger_of_report_and_local_count():
 
 
 def test_least_loaded_breaks_ties_randomly_but_seeded():
-    st = state_with(reg("a"), reg("b"), reg("c"))
+    st = fleet_state(registration("a"), registration("b"), registration("c"))
     p = LeastLoaded(seed=3)
     seq1 = [p.choose(Q, st.candidates("m")).worker_id for _ in range(20)]
     p = LeastLoaded(seed=3)
@@ -84,7 +63,7 @@ def test_least_loaded_breaks_ties_randomly_but_seeded():
 
 
 def test_random_is_seeded_and_spreads():
-    st = state_with(reg("a"), reg("b"))
+    st = fleet_state(registration("a"), registration("b"))
     p1, p2 = RandomChoice(seed=5), RandomChoice(seed=5)
     seq1 = [p1.choose(Q, st.candidates("m")).worker_id for _ in range(200)]
     seq2 = [p2.choose(Q, st.candidates("m")).worker_id for _ in range(200)]
@@ -94,7 +73,7 @@ def test_random_is_seeded_and_spreads():
 
 
 def test_saturation_needs_every_worker_past_the_bound():
-    st = state_with(reg("a", cap=2), reg("b", cap=2))
+    st = fleet_state(registration("a", max_num_seqs=2), registration("b", max_num_seqs=2))
     st.apply_load(load("a", running=2, waiting=1), 0.0)
     assert not st.saturated("m", "agg", max_waiting_per_worker=1)
     st.apply_load(load("b", running=2, waiting=5), 0.0)
@@ -115,7 +94,7 @@ def test_make_policy_rejects_unknown_names():
 async def test_each_name_builds_its_policy_and_decisions_say_which(name: str, cls: type) -> None:
     from router.policies import LocalRouter
 
-    st = state_with(reg("a"), reg("b"))
+    st = fleet_state(registration("a"), registration("b"))
     st.apply_load(load("a", running=2, waiting=1), 0.0)
     policy = make_policy(name, seed=5)
     assert type(policy) is cls and policy.name == name
@@ -130,7 +109,7 @@ async def test_each_name_builds_its_policy_and_decisions_say_which(name: str, cl
 
 
 def test_the_seed_reaches_the_random_policies() -> None:
-    st = state_with(*(reg(w) for w in "abcdefgh"))
+    st = fleet_state(*(registration(w) for w in "abcdefgh"))
 
     def picks(name: str, seed: int) -> tuple[str, ...]:
         policy = make_policy(name, seed=seed)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from base.process import ProcessGroup, Restarter
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 
 # a component that starts a grandchild (as a vLLM worker starts EngineCore), says its pid, and
 # ignores SIGTERM's usual end for the grandchild: it exits alone and leaves the grandchild behind

@@ -24,8 +24,7 @@ from planner.profile_fit import (
     select_worker,
     stagger,
 )
-from router.fleet_state import FleetState
-from schemas import WorkerRegistration
+from tests.support.builders import fleet_state, registration
 
 
 @pytest.mark.parametrize(
@@ -134,22 +133,13 @@ def test_pick_capacity_needs_a_step_within_target():
         pick_capacity([pt(1, 0.0, 0.0)], 0.5, "decode")
 
 
-def registration(worker_id: str, model: str = "m", status: str = "ready") -> WorkerRegistration:
-    return WorkerRegistration(worker_id, model, "agg", "mocker", 8, 100, 16, status=status)
-
-
-def fleet(*regs: WorkerRegistration) -> FleetState:
-    state = FleetState()
-    for reg in regs:
-        state.upsert(reg)
-    return state
-
-
 def test_select_worker_by_id_or_first_of_the_model():
-    state = fleet(registration("w-b"), registration("w-a"), registration("w-c", model="other"))
+    state = fleet_state(
+        registration("w-b"), registration("w-a"), registration("w-c", model="other")
+    )
     assert select_worker(state, "w-c", None).worker_id == "w-c"
     assert select_worker(state, None, "m").worker_id == "w-a"
-    assert select_worker(fleet(registration("w-z")), None, None).worker_id == "w-z"
+    assert select_worker(fleet_state(registration("w-z")), None, None).worker_id == "w-z"
 
 
 @pytest.mark.parametrize(
@@ -163,8 +153,10 @@ def test_select_worker_by_id_or_first_of_the_model():
     ],
 )
 def test_select_worker_errors_say_what_is_live(worker_id, model, message):
-    state = fleet(
-        registration("w-a"), registration("w-c", "other"), registration("w-d", "m", "draining")
+    state = fleet_state(
+        registration("w-a"),
+        registration("w-c", "other"),
+        registration("w-d", "m", status="draining"),
     )
     with pytest.raises(ProfileError, match=message):
         select_worker(state, worker_id, model)

@@ -9,9 +9,9 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from model.card import default_model_dir, load_model_dir
 from model.prompt_cache import SegmentCache, verify
 from model.tokenizer import ModelTokenizer
+from tests.support.tokenizers import shipped_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHATML = (
@@ -41,13 +41,8 @@ def _trained(pre: pre_tokenizers.PreTokenizer, decoder: decoders.Decoder) -> Mod
     return ModelTokenizer(tok.to_str(), CHATML)
 
 
-def _shipped() -> ModelTokenizer:
-    m = load_model_dir(default_model_dir())
-    return ModelTokenizer(m.tokenizer_json, m.chat_template, m.bos_token, m.eos_token)
-
-
 TOKENIZERS = {
-    "shipped": _shipped,
+    "shipped": shipped_tokenizer,
     "byte-level-bpe": lambda: _trained(
         pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
     ),
@@ -64,46 +59,47 @@ def _message(rng: random.Random) -> str:
 
 
 @pytest.fixture(params=sorted(TOKENIZERS))
-def tok(request: pytest.FixtureRequest) -> ModelTokenizer:
+def any_tok(request: pytest.FixtureRequest) -> ModelTokenizer:
+    """Each tokenizer of ``TOKENIZERS`` in turn."""
     return TOKENIZERS[request.param]()
 
 
-def test_multi_turn_conversations_match_fresh_tokenizing(tok: ModelTokenizer) -> None:
+def test_multi_turn_conversations_match_fresh_tokenizing(any_tok: ModelTokenizer) -> None:
     rng = random.Random(7)
-    cache = SegmentCache(tok.special_tokens)
+    cache = SegmentCache(any_tok.special_tokens)
     for _ in range(20):
         messages = [{"role": "system", "content": _message(rng)}]
         for _turn in range(5):
             messages.append({"role": "user", "content": _message(rng)})
-            text = tok.apply_chat_template(messages, add_generation_prompt=True)
-            assert cache.encode([text], tok.encode_batch)[0] == tok.encode(text)
+            text = any_tok.apply_chat_template(messages, add_generation_prompt=True)
+            assert cache.encode([text], any_tok.encode_batch)[0] == any_tok.encode(text)
             messages.append({"role": "assistant", "content": _message(rng)})
     assert cache.stats.hits > cache.stats.misses  # later turns reuse the earlier ones
     assert cache.stats.fallbacks == 0
 
 
-def test_raw_prompts_with_specials_anywhere_match(tok: ModelTokenizer) -> None:
+def test_raw_prompts_with_specials_anywhere_match(any_tok: ModelTokenizer) -> None:
     rng = random.Random(3)
-    cache = SegmentCache(tok.special_tokens)
+    cache = SegmentCache(any_tok.special_tokens)
     for _ in range(200):
         parts = [_message(rng) if rng.random() < 0.7 else rng.choice(SPECIALS) for _ in range(6)]
         text = "".join(parts)
         for prefix in (text, text[: rng.randint(0, len(text))]):
-            assert cache.encode([prefix], tok.encode_batch)[0] == tok.encode(prefix), prefix
+            assert cache.encode([prefix], any_tok.encode_batch)[0] == any_tok.encode(prefix), prefix
 
 
-def test_batches_mix_hits_and_misses(tok: ModelTokenizer) -> None:
-    cache = SegmentCache(tok.special_tokens)
-    head = tok.apply_chat_template([{"role": "system", "content": "shared head " * 30}])
+def test_batches_mix_hits_and_misses(any_tok: ModelTokenizer) -> None:
+    cache = SegmentCache(any_tok.special_tokens)
+    head = any_tok.apply_chat_template([{"role": "system", "content": "shared head " * 30}])
     texts = [head + f"<|im_start|>user\nquestion {i} é<|im_end|>\n" for i in range(8)]
-    got = cache.encode(texts, tok.encode_batch)
-    assert got == [tok.encode(t) for t in texts]
-    again = cache.encode(texts, tok.encode_batch)
+    got = cache.encode(texts, any_tok.encode_batch)
+    assert got == [any_tok.encode(t) for t in texts]
+    again = cache.encode(texts, any_tok.encode_batch)
     assert again == got and cache.stats.cached_tokens > 0
 
 
 def test_the_cache_stays_within_its_token_budget() -> None:
-    tok = _shipped()
+    tok = shipped_tokenizer()
     cache = SegmentCache(tok.special_tokens, max_tokens=200)
     for i in range(50):
         text = f"<|im_start|>user\nmessage number {i} with some words<|im_end|>\n"
@@ -111,21 +107,21 @@ def test_the_cache_stays_within_its_token_budget() -> None:
     assert 0 < cache.size_tokens <= 200
 
 
-def test_verify_accepts_real_tokenizers_and_rejects_a_wrong_split(tok: ModelTokenizer) -> None:
-    conv = tok.apply_chat_template(
+def test_verify_accepts_real_tokenizers_and_rejects_a_wrong_split(any_tok: ModelTokenizer) -> None:
+    conv = any_tok.apply_chat_template(
         [{"role": "user", "content": "héllo wörld"}, {"role": "assistant", "content": "x y"}]
     )
-    assert verify(SegmentCache(tok.special_tokens), tok.encode_batch, [conv])
+    assert verify(SegmentCache(any_tok.special_tokens), any_tok.encode_batch, [conv])
 
     def merged(texts: list[str]) -> list[list[int]]:  # a tokenizer whose segments interact
-        out = tok.encode_batch(texts)
+        out = any_tok.encode_batch(texts)
         return [[*ids[:-1], ids[-1] + 1] if len(ids) > 3 else ids for ids in out]
 
-    assert not verify(SegmentCache(tok.special_tokens), merged, [conv])
+    assert not verify(SegmentCache(any_tok.special_tokens), merged, [conv])
 
 
 def test_a_broken_split_falls_back_to_the_whole_prompt() -> None:
-    tok = _shipped()
+    tok = shipped_tokenizer()
     cache = SegmentCache(tok.special_tokens)
     text = "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     cache.encode([text], tok.encode_batch)  # warm

@@ -1,5 +1,7 @@
+import dataclasses
+
 from schemas import Request, SamplingParams
-from workers.engine import EngineOutput
+from workers.engine import EngineOutput, EngineRequest
 from workers.request_state import ActiveRequest
 
 
@@ -97,3 +99,16 @@ def test_logprobs_are_coalesced_with_their_tokens_and_the_prompts_go_out_once():
     plain, _ = make()
     plain.on_output(EngineOutput("r1", (10,), logprobs=(a,)))  # not asked: not sent
     assert plain.take_chunk().logprobs is None
+
+
+def test_an_engine_request_carries_every_field_it_shares_with_the_wire_request():
+    """``EngineRequest.from_request`` is the one copy of a ``Request`` into the engine's view: a
+    field added to ``EngineRequest`` and not copied fails here."""
+    req = Request(
+        "r1", "m", (1, 2, 3), SamplingParams(max_tokens=4, seed=7), attempt=2,
+        num_generated_before=1, lora_name="sql", task="embed", dimensions=8,
+        prompt_embeds=b"tensor", kv_transfer_params={"do_remote_decode": True},
+    )  # fmt: skip
+    engine_request = EngineRequest.from_request(req)
+    for field in dataclasses.fields(EngineRequest):
+        assert getattr(engine_request, field.name) == getattr(req, field.name), field.name

@@ -7,16 +7,8 @@ from typing import Any
 
 import pytest
 
-from model.card import default_model_dir, load_model_dir
+from model.card import default_model_dir
 from model.tokenizer import ChatTemplateError, ModelTokenizer
-
-
-@pytest.fixture(scope="module")
-def tok() -> ModelTokenizer:
-    local = load_model_dir(default_model_dir())
-    return ModelTokenizer(
-        local.tokenizer_json, local.chat_template, local.bos_token, local.eos_token
-    )
 
 
 def with_template(template: str | None) -> ModelTokenizer:

@@ -8,8 +8,8 @@ from schemas.kv_events import (
     BlockRemoved,
     BlockStored,
     KvCacheEvent,
-    KvEventBatch,
 )
+from tests.support import kv_events
 from workers.engines.vllm.cache_shadow import CacheShadow
 
 BS = 2
@@ -18,8 +18,7 @@ BS = 2
 def stored(
     hashes: tuple[int, ...], parent: int | None, start: int, lora: str | None = None
 ) -> BlockStored:
-    tokens = tuple(range(start, start + BS * len(hashes)))
-    return BlockStored(hashes, parent, tokens, BS, lora)
+    return kv_events.stored(hashes, parent, BS, start, lora)
 
 
 def flat(chunks: list[list[KvCacheEvent]]) -> list[KvCacheEvent]:
@@ -83,7 +82,7 @@ def test_snapshot_replays_into_the_same_index_state() -> None:
     shadow.apply(live)
 
     def mapping(events: list[KvCacheEvent]) -> dict[int, int]:
-        tr = EventTranslator().translate(KvEventBatch("w", "m", 1, 0.0, tuple(events)))
+        tr = EventTranslator().translate(kv_events.kv_batch("w", 1, *events))
         assert not tr.missing_parent
         return {
             e: f

@@ -125,7 +125,7 @@ def test_connect_address(bind: str, connect: str) -> None:
         {"kv_replay_endpoint": "tcp://*:5558"},
     ],
 )
-def test_config_validation(bad: dict[str, Any]) -> None:
+def test_vllm_config_refuses_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         VllmEngineConfig(model="m", **bad)
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.support.wait import wait_for
 from workers.engines.vllm import lifeline
 from workers.engines.vllm.config import VllmEngineConfig, engine_args_kwargs
 from workers.engines.vllm.platform import cpu_dtype, cpu_environment, read_cpu_flags

@@ -200,12 +200,26 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+def _fetched(module: types.ModuleType) -> bool:
+    """A module ``loaded`` made: a stub, or one of the fetched sources."""
+    spec = getattr(module, "__spec__", None)
+    if spec is None:
+        return False
+    return isinstance(spec.loader, _Finder) or str(spec.origin or "").startswith(str(cache_dir()))
+
+
 @contextlib.contextmanager
 def loaded(release: str) -> Iterator[types.SimpleNamespace]:
     """``kv_events`` and ``sampling_params`` of ``release`` as modules, within the block."""
     root = fetch(release)
-    saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
-    for name in saved:
+    # a real vLLM imported before is put back after; another release's modules never are (two
+    # of these blocks may overlap, and pytest may end them in any order)
+    saved = {
+        k: v
+        for k, v in sys.modules.items()
+        if (k == "vllm" or k.startswith("vllm.")) and not _fetched(v)
+    }
+    for name in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
         del sys.modules[name]
     finder = _Finder(root, release)
     sys.meta_path.insert(0, finder)

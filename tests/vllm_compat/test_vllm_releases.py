@@ -30,8 +30,8 @@ import zmq.asyncio
 
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from schemas.requests import SamplingParams, StructuredOutput
-from tests.helpers import wait_for
 from tests.integration.test_vllm_kv_subscriber import Recorder
+from tests.support.wait import wait_for
 from tests.unit.test_vllm_wire_mirror import (
     MIRROR_RELEASES,
     MIRRORS,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.up import Up, running_up
+from tests.support.up import Up, running_up
 from tests.vllm_engine.support import engine_processes
 
 # first start of a real engine, on a loaded 2-core machine (measured: 20-60 s each)

@@ -17,8 +17,8 @@ import pytest
 
 from base.connect import close_nats, connect_nats
 from schemas import ScalingDecided, ScalingStatus, Subjects, decode
-from tests.helpers import wait_for
-from tests.up import Up, running_up
+from tests.support.up import Up, running_up
+from tests.support.wait import wait_for
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -7,7 +7,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from base.connect import close_nats, connect_nats
-from tests.up import Up, wait_ready_workers
+from tests.support.up import Up, wait_ready_workers
 from tests.vllm_engine.conftest import REAL_FLEET_BLOCKS, START_TIMEOUT_S
 from tests.vllm_engine.support import control
 

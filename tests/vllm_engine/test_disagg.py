@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from tests.up import Up, running_up
+from tests.support.up import Up, running_up
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from openai import AsyncOpenAI
 
-from tests.up import Up
+from tests.support.up import Up
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

@@ -17,8 +17,8 @@ from base.connect import close_nats, connect_nats, connect_redis
 from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt
-from tests.helpers import wait_for
-from tests.up import Up, running_up
+from tests.support.up import Up, running_up
+from tests.support.wait import wait_for
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 from tests.vllm_engine.support import control
 

@@ -15,8 +15,8 @@ from openai import AsyncOpenAI, NotFoundError
 
 from base.connect import close_nats, connect_nats
 from tests.e2e.test_fleet_lifecycle import Observations
-from tests.helpers import wait_for
-from tests.up import Up, wait_ready_workers
+from tests.support.up import Up, wait_ready_workers
+from tests.support.wait import wait_for
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 from tests.vllm_engine.support import control
 

@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from base.connect import close_nats, connect_nats
-from tests.helpers import sse_events, wait_for
-from tests.up import Up, wait_ready_workers
+from tests.support.clients import sse_events
+from tests.support.up import Up, wait_ready_workers
+from tests.support.wait import wait_for
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 from tests.vllm_engine.support import alive, control, engine_processes, title
 

@@ -180,6 +180,8 @@ class MockerEngine:
                 embed=request.task == "embed",
                 remote_prompt=remote_prompt,
                 hold=hold,
+                stop_token_ids=frozenset(sp.stop_token_ids),
+                min_tokens=sp.min_tokens,
             )
         )
         if hold:

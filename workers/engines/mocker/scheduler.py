@@ -17,7 +17,8 @@ Each step, with a token budget of ``max_num_batched_tokens``:
 3. **Execution**: every scheduled sequence advances; blocks it filled are committed to the prefix
    cache (``BlockStored``). A sequence whose tokens are all computed samples one token from
    ``token_source(seed, position)`` — the first one in the step that completes its prefill —
-   and finishes (``"length"``) after ``max_tokens`` tokens. A sequence with ``forced`` tokens
+   and finishes (``"length"``) after ``max_tokens`` tokens, or (``"stop"``) on one of its
+   ``stop_token_ids`` once it has ``min_tokens``. A sequence with ``forced`` tokens
    (structured output) emits those instead and finishes (``"stop"``) after the last one; an
    ``embed`` sequence finishes (``"stop"``, no token) once its prompt is computed. The
    step's simulated duration is ``timing.step_ms`` (see ``timing`` for how prefill and decode
@@ -476,6 +477,8 @@ class Scheduler:
         else:
             token = self._token_source(req.seed, position)
         seq.append_output(token)
+        if token in req.stop_token_ids and len(seq.output) >= req.min_tokens:
+            stop = True
         done = stop or len(seq.output) >= req.max_tokens
         if done:
             seq.status = SeqStatus.FINISHED

@@ -12,6 +12,7 @@ Map of the package (only ``backend.py`` imports vLLM, and only when constructed)
 - ``kv_events.py``    vLLM's KV event wire format -> ``schemas.kv_events``; sequence gaps
 - ``subscriber.py``   ZMQ SUB + replay client of vLLM's KV event publisher
 - ``cache_shadow.py`` vLLM's cached blocks as seen through its events (resync, consistency)
+- ``kv_follow.py``    the events on their way to the worker; resync; the cache reset after a loss
 - ``versions.py``     what changed in which vLLM release (the engine asks, the tests check)
 - ``platform.py``     the environment vLLM's CPU build needs (KV space, threads), from the config
 - ``lifeline.py``     a ``vllm.general_plugins`` entry point: vLLM's processes end with the worker

@@ -9,11 +9,9 @@
   the message. ``abort`` cancels the task (vLLM aborts the request when its generator is
   cancelled; the task also calls ``AsyncLLM.abort``) and sends the final ``abort`` output at once.
 - **KV events.** vLLM publishes its own events on a ZMQ socket (``subscriber.py`` reads them and
-  fills gaps from vLLM's replay socket). They pass through ``CacheShadow`` (``cache_shadow.py``)
-  on their way to the worker's KV listener. ``kv_resync`` republishes the shadow. When events were
-  lost for good, the fleet is told ``AllBlocksCleared`` and vLLM's prefix cache is reset (retried
-  every ``kv_reset_retry_s`` while blocks are in use) so what vLLM holds and what the fleet
-  sees meet again.
+  fills gaps from vLLM's replay socket); ``KvFollower`` (``kv_follow.py``) takes them to the
+  worker's KV listener through the cache shadow, republishes the shadow on ``kv_resync``, and
+  resets vLLM's prefix cache after events were lost for good.
 - **Death.** When vLLM's engine core dies (``EngineDeadError``: a crash, an engine process
   killed) every request fails inside vLLM and ``AsyncLLM.errored`` turns true; the adapter
   notices on the first failed request or within a second (a watcher), drops what it held without
@@ -35,13 +33,10 @@
   reloads them: ``wake_up(["weights"])``, ``collective_rpc("reload_weights")``,
   ``wake_up(["kv_cache"])``), clear_kv (``reset_prefix_cache``), lora_load / lora_unload /
   lora_list (``add_lora``/``remove_lora``/``list_loras``), kv_resync.
-- **The fleet's index follows vLLM's cache.** Whenever vLLM's cache is emptied (a confirmed reset,
-  a sleep), the fleet is told ``AllBlocksCleared`` at once: vLLM itself only publishes its own at
-  the next engine step, which an idle worker never takes. Before 0.12 ``reset_prefix_cache``
-  returns None whether or not it reset (it refuses while blocks are in use, with only a warning in
-  its log): such a reset counts as done only when vLLM's own ``AllBlocksCleared`` arrives, and
-  ``clear_kv`` says it is unconfirmed. Before 0.10.1 ``sleep`` keeps the prefix-cache entries of
-  the discarded KV memory: the adapter resets the cache itself first.
+- **The fleet's index follows vLLM's cache** (``kv_follow.py``): a confirmed reset or a sleep
+  tells the fleet ``AllBlocksCleared`` at once; before 0.12 a reset is unconfirmed until vLLM's
+  own ``AllBlocksCleared`` arrives, and ``clear_kv`` says so. Before 0.10.1 ``sleep`` keeps the
+  prefix-cache entries of the discarded KV memory: the adapter resets the cache itself first.
 - ``kv_transfer_params`` of a request go to vLLM in ``SamplingParams.extra_args``; the ones vLLM
   returns on a request's final output (a prefill for a remote decode) come back on the final
   ``EngineOutput``.
@@ -54,14 +49,13 @@ import contextlib
 import itertools
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engine import (
     ControlResult,
     EngineHooks,
@@ -71,9 +65,9 @@ from workers.engine import (
     OutputSink,
 )
 from workers.engines.vllm.backend import RealVllmBackend, VllmBackend
-from workers.engines.vllm.cache_shadow import CacheShadow
 from workers.engines.vllm.config import VllmEngineConfig
-from workers.engines.vllm.kv_events import DecodedBatch, DecodeOptions, decode_batch
+from workers.engines.vllm.kv_events import DecodeOptions
+from workers.engines.vllm.kv_follow import KvFollower
 from workers.engines.vllm.lora import LoraRegistry
 from workers.engines.vllm.mapping import finish_reason, logprobs_of, sampling_kwargs
 from workers.engines.vllm.stats import SchedulerStatsCollector
@@ -122,23 +116,23 @@ class VllmEngine:
         self._features: VllmFeatures | None = None  # known once started
         self._sleep_level = 0
         self._on_cpu = False  # known once started
-        self._vllm_clears = 0  # AllBlocksCleared events vLLM itself published
-        self._vllm_cleared = asyncio.Event()  # set by each of them
         self._stats = SchedulerStatsCollector()
         self._loras = LoraRegistry()
-        self._decode_options = DecodeOptions(lora_names=self._loras.names_by_id)
-        self._shadow = CacheShadow()
         self._running: dict[str, _Running] = {}
+        self.kv = KvFollower(
+            DecodeOptions(lora_names=self._loras.names_by_id),
+            lambda: bool(self._running),
+            config.kv_reset_retry_s,
+            config.kv_resync_chunk_tokens,
+        )
         self._ids = itertools.count(1)
         self._awake = asyncio.Event()
         self._awake.set()
         self._hooks: EngineHooks | None = None  # given at start
         self._dead: str | None = None  # why vLLM's engine died (it serves nothing more)
         self._watch_task: asyncio.Task[None] | None = None
-        self._held: list[KvCacheEvent] | None = None  # events arriving during a resync
         self._subscriber: KvEventSubscriber | None = None
         self._workdir: Path | None = None
-        self._reset_task: asyncio.Task[None] | None = None
         self._pending_prefill_tokens = 0
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
@@ -156,22 +150,25 @@ class VllmEngine:
     # ------------------------------------------------------------------ lifecycle
     async def start(self, hooks: EngineHooks) -> None:
         self._hooks = hooks
-        kv = None
+        self.kv.start(hooks.kv_events)
+        endpoints = None
         if self.config.kv_events:
             self._workdir = Path(tempfile.mkdtemp(prefix="jetfleet-vllm-"))
-            kv = self.config.kv_endpoints(self._workdir)
+            endpoints = self.config.kv_endpoints(self._workdir)
             self._subscriber = KvEventSubscriber(
-                kv.connect_publish,
-                kv.connect_replay,
-                kv.topic,
-                self._decode,
-                self._on_vllm_events,
-                self._on_events_lost,
+                endpoints.connect_publish,
+                endpoints.connect_replay,
+                endpoints.topic,
+                self.kv.decode,
+                self.kv.on_events,
+                self.kv.on_lost,
                 self.config.kv_replay_timeout_s,
             )
             await self._subscriber.start()  # before vLLM binds: no early event is missed
         try:
-            started = await asyncio.to_thread(self._backend.start_llm, self.config, kv, self._stats)
+            started = await asyncio.to_thread(
+                self._backend.start_llm, self.config, endpoints, self._stats
+            )
         except BaseException:
             await self.stop()
             raise
@@ -190,6 +187,7 @@ class VllmEngine:
         except BaseException:
             await self.stop()
             raise
+        self.kv.serve(self._llm, self._features)
         self.num_gpu_blocks = started.num_gpu_blocks
         self.max_model_len = started.max_model_len
         self._watch_task = asyncio.create_task(self._watch_engine(), name="vllm-watch")
@@ -207,10 +205,12 @@ class VllmEngine:
     async def stop(self) -> None:
         tasks = [r.task for r in self._running.values() if r.task is not None]
         self._running.clear()
-        tasks += [t for t in (self._reset_task, self._watch_task) if t is not None]
+        if self._watch_task is not None:
+            tasks.append(self._watch_task)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.kv.stop()
         if self._subscriber is not None:
             await self._subscriber.close()
             self._subscriber = None
@@ -462,76 +462,6 @@ class VllmEngine:
     def lora_names(self) -> tuple[str, ...]:
         return tuple(lora.name for lora in self._loras.loaded())
 
-    # ------------------------------------------------------------------ kv events
-    def _decode(self, payload: bytes) -> DecodedBatch:
-        batch = decode_batch(payload, self._decode_options)
-        if any(isinstance(e, AllBlocksCleared) for e in batch.events):
-            self._vllm_clears += 1
-            self._vllm_cleared.set()
-        return batch
-
-    def _on_vllm_events(self, events: Sequence[KvCacheEvent]) -> None:
-        forward = self._shadow.apply(events)
-        if not forward or self._hooks is None:
-            return
-        if self._held is not None:
-            self._held.extend(forward)
-        else:
-            self._hooks.kv_events(forward)
-
-    def _on_events_lost(self, reason: str) -> None:
-        log.warning("vllm_kv_events_lost", reason=reason)
-        if self.config.kv_reset_retry_s <= 0 or self._llm is None:
-            return
-        if self._reset_task is None or self._reset_task.done():
-            self._reset_task = asyncio.create_task(self._reset_after_loss(), name="vllm-kv-reset")
-
-    async def _reset_after_loss(self) -> None:
-        """Reset vLLM's prefix cache, retrying every ``kv_reset_retry_s`` while blocks are in
-        use, until the reset is known to have happened (see the module docstring)."""
-        while self._llm is not None:
-            seen = self._vllm_clears
-            try:
-                done = await self._reset_vllm_cache()
-            except Exception as exc:
-                log.warning("vllm_prefix_cache_reset_failed", error=repr(exc))
-                done = False
-            if done is None:  # this vLLM does not say: wait for its AllBlocksCleared
-                done = await self._vllm_clear_after(seen, self.config.kv_reset_retry_s)
-            if done:
-                log.info("vllm_prefix_cache_reset_after_loss")
-                return
-            await asyncio.sleep(self.config.kv_reset_retry_s)
-
-    async def _reset_vllm_cache(self) -> bool | None:
-        """``reset_prefix_cache``: True when vLLM reset (the fleet is told at once), False when
-        it refused (blocks in use), None when this release does not say (before 0.12)."""
-        says = self._features is not None and self._features.reset_returns_bool
-        if not says and self._running:
-            return False  # it would refuse, and only log a warning
-        result = await self._llm.reset_prefix_cache()
-        if not says:
-            return None
-        if result:
-            self._cache_emptied()
-        return bool(result)
-
-    async def _vllm_clear_after(self, seen: int, timeout_s: float) -> bool:
-        """True once vLLM has published an ``AllBlocksCleared`` beyond the first ``seen``."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                while self._vllm_clears <= seen:
-                    self._vllm_cleared.clear()
-                    await self._vllm_cleared.wait()
-        except TimeoutError:
-            return False
-        return True
-
-    def _cache_emptied(self) -> None:
-        """vLLM's cache is empty now: the fleet forgets this worker's blocks without waiting for
-        vLLM's own ``AllBlocksCleared`` (published at its next engine step)."""
-        self._on_vllm_events([AllBlocksCleared()])
-
     # ------------------------------------------------------------------ control
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
         handler = self._controls.get(op)
@@ -552,7 +482,7 @@ class VllmEngine:
         data: dict[str, object] = {
             "sleeping": not self._awake.is_set(),
             "num_gpu_blocks": self.num_gpu_blocks,
-            "cached_blocks": len(self._shadow),
+            "cached_blocks": len(self.kv.shadow),
         }
         if self._features is not None and self._features.counts_unfinished:
             # requests vLLM itself has not finished (a cancel must bring it to 0)
@@ -564,7 +494,7 @@ class VllmEngine:
                 "batches": st.batches,
                 "gaps_filled": st.gaps_filled,
                 "losses": st.losses,
-                "orphans": self._shadow.orphans,
+                "orphans": self.kv.shadow.orphans,
             }
             if not sub.running:
                 return ControlResult(False, "KV event subscriber stopped", data)
@@ -592,7 +522,7 @@ class VllmEngine:
             log.warning("vllm_sleep_failed", level=level, error=repr(exc))
             return ControlResult(False, f"sleep failed, still serving: {type(exc).__name__}: {exc}")
         self._sleep_level = level
-        self._cache_emptied()
+        self.kv.emptied()
         return ControlResult(True, f"sleeping (level {level}); new requests wait for wake")
 
     async def _wake(self, args: dict[str, str]) -> ControlResult:
@@ -609,7 +539,7 @@ class VllmEngine:
         return ControlResult(True, "awake" + (" (weights reloaded)" if level == 2 else ""))
 
     async def _clear_kv(self, args: dict[str, str]) -> ControlResult:
-        result = await self._reset_vllm_cache()
+        result = await self.kv.reset()
         if result is False:
             return ControlResult(False, "blocks in use; drain first")
         if result is None:
@@ -623,21 +553,9 @@ class VllmEngine:
         return ControlResult(True, "prefix cache reset", {"confirmed": True})
 
     async def _kv_resync(self, args: dict[str, str]) -> ControlResult:
-        """Republish the whole cache (from the shadow), one listener call per chunk so the
-        worker publishes each as its own batch; live events wait until the last chunk is out."""
         if self._subscriber is None or self._hooks is None:
             return ControlResult(False, "KV events are off for this worker")
-        chunks = list(self._shadow.snapshot_events(self.config.kv_resync_chunk_tokens))
-        self._held = []
-        try:
-            for chunk in chunks:
-                self._hooks.kv_events(chunk)
-                await asyncio.sleep(0)
-        finally:
-            held, self._held = self._held, None
-            if held:
-                self._hooks.kv_events(held)
-        return ControlResult(True, f"cache republished ({len(self._shadow)} blocks)")
+        return ControlResult(True, f"cache republished ({await self.kv.resync()} blocks)")
 
     async def _lora_load(self, args: dict[str, str]) -> ControlResult:
         name, path = args.get("name", ""), args.get("path", "")

@@ -8,7 +8,6 @@ import json
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from base.process import wait_http_ok
 from infra.command import cli_command
 from infra.embedded import free_port
 from schemas import Subjects
+from tests.support.wait import wait_line, wait_until
 
 
 @dataclass
@@ -70,10 +70,7 @@ def running_up(
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while not (up := _UP_LINE.search(log.read_text(errors="replace"))):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        up = wait_line(log, _UP_LINE, start_timeout_s, proc)
         fleet = Up(f"http://127.0.0.1:{port}", up.group(1), up.group(2), Subjects(), proc, log)
         wait_http_ok(f"{fleet.base_url}/ready", 30)
         wait_ready_workers(fleet, workers, start_timeout_s)
@@ -85,11 +82,13 @@ def running_up(
 
 def wait_ready_workers(fleet: Up, workers: int, timeout_s: float) -> list[dict[str, Any]]:
     """Until ``workers`` workers are registered and ready (a restarted one included)."""
-    deadline = time.monotonic() + timeout_s
-    while len(ready := fleet.workers()) < workers:
-        assert time.monotonic() < deadline, f"not {workers} workers ready after {timeout_s} s"
-        time.sleep(0.5)
-    return ready
+
+    def ready() -> list[dict[str, Any]] | None:
+        rows = fleet.workers()
+        return rows if len(rows) >= workers else None
+
+    rows: list[dict[str, Any]] = wait_until(ready, timeout_s, f"{workers} workers ready", 0.5)
+    return rows
 
 
 _UP_LINE = re.compile(r"jetfleet is up.*\nNATS (\S+) \(clients publish.*Redis (\S+)")

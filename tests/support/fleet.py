@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
-import socket
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from infra.embedded import free_port
 
 
 @dataclass
@@ -92,3 +88,20 @@ class Fleet:
 
     def stop(self) -> None:
         self.group.stop_all(timeout_s=20)
+
+
+@contextlib.contextmanager
+def kv_fleet(
+    nats_url: str, log_dir: Path, redis_url: str, *frontend_args: str, workers: int = 1
+) -> Iterator[Fleet]:
+    """``workers`` mocker workers, an indexer and a ``kv`` frontend (plus ``frontend_args``) on
+    ``redis_url``, stopped at the end."""
+    f = Fleet(nats_url, log_dir, redis_url=redis_url)
+    try:
+        for _ in range(workers):
+            f.add_worker()
+        f.start_indexer()
+        f.start_frontend("--router", "kv", *frontend_args)
+        yield f
+    finally:
+        f.stop()

@@ -4,11 +4,11 @@ processes with cluster routes, each with its own store (the fleet's streams at R
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 
 from infra.embedded import EmbeddedNats, free_port
+from tests.support.wait import wait_until
 
 
 class NatsCluster:
@@ -36,11 +36,7 @@ class NatsCluster:
         try:
             for node in self.nodes:
                 node.start(timeout_s=60)
-            deadline = time.monotonic() + 60
-            while not self._meta_leader():
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the NATS cluster elected no JetStream leader in 60 s")
-                time.sleep(0.1)
+            wait_until(self._meta_leader, 60, "a JetStream meta leader elected")
         except BaseException:
             self.stop()
             raise

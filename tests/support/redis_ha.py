@@ -11,12 +11,12 @@ import contextlib
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import redis
 
 from infra.embedded import find_binary, free_port
+from tests.support.wait import wait_until
 
 SERVICE = "jf"
 
@@ -72,11 +72,7 @@ class RedisHA:
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
             self._run(port, [find_binary("redis-server"), str(conf), "--sentinel"])
-        deadline = time.monotonic() + timeout_s
-        while not self._ready():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Redis HA not ready in {timeout_s}s (logs in {self.tmp})")
-            time.sleep(0.05)
+        wait_until(self._ready, timeout_s, f"Redis HA ready (logs in {self.tmp})", 0.05)
 
     def _ready(self) -> bool:
         if not all(_serves(p) for p in self.data_ports):

@@ -1,32 +1,16 @@
-"""Test helpers: wait on a condition instead of sleeping."""
+"""Talking to a fleet as its users do: the ``jetfleet`` CLI, the official OpenAI client, SSE
+streams."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import os
 import subprocess
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-
-async def wait_for(
-    condition: Callable[[], Any | Awaitable[Any]], timeout: float = 10.0, interval: float = 0.05
-) -> Any:
-    """Poll ``condition`` (sync or async) until it is truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = condition()
-        if inspect.isawaitable(last):
-            last = await last
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s (last value {last!r})")
-        await asyncio.sleep(interval)
+import openai
 
 
 async def run_cli(
@@ -43,6 +27,12 @@ async def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def openai_client(base_url: str, api_key: str = "unused", max_retries: int = 0) -> openai.OpenAI:
+    """The official client on a frontend's address (``/v1`` added); no retries unless asked, so
+    a test sees the first answer."""
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=max_retries)
 
 
 async def sse_events(response: Any) -> AsyncIterator[dict[str, Any]]:

@@ -1,12 +1,35 @@
-"""Real KV event streams for tests and benchmarks: mocker schedulers under shared-prefix load."""
+"""KV events for tests and benchmarks: single events and batches built one way, and real event
+streams from mocker schedulers under shared-prefix load."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
-from schemas.kv_events import KvEventBatch
+from schemas.kv_events import BlockStored, KvCacheEvent, KvEventBatch
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.mocker.scheduler import Scheduler, SeqRequest
+
+
+def stored(
+    hashes: Iterable[int],
+    parent: int | None,
+    block_size: int,
+    first_token: int = 0,
+    lora_name: str | None = None,
+) -> BlockStored:
+    """A run of stored blocks (``hashes``, chained after ``parent``) whose token ids count up from
+    ``first_token``."""
+    run = tuple(hashes)
+    tokens = tuple(range(first_token, first_token + block_size * len(run)))
+    return BlockStored(run, parent, tokens, block_size, lora_name)
+
+
+def kv_batch(
+    worker_id: str, event_id: int, *events: KvCacheEvent, model: str = "m"
+) -> KvEventBatch:
+    """``events`` as one worker's batch number ``event_id`` (timestamp 0)."""
+    return KvEventBatch(worker_id, model, event_id, 0.0, events)
 
 
 def mocker_event_batches(
@@ -39,5 +62,5 @@ def mocker_event_batches(
                 events = s.take_events()
                 if events:
                     event_ids[k] += 1
-                    out.append(KvEventBatch(f"w{k}", model, event_ids[k], 0.0, tuple(events)))
+                    out.append(kv_batch(f"w{k}", event_ids[k], *events, model=model))
     return out
