@@ -26,19 +26,19 @@ CFG = VllmEngineConfig(model="/m")
             CFG,
             {},
             {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-             "OMP_NUM_THREADS": "4"},
+             "OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"},
         ),
         (  # the operator's environment stays
             CFG,
             {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0-3",
-             "OMP_NUM_THREADS": "2"},
+             "OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "ACTIVE"},
             {},
         ),
         (  # a flag wins over the environment
             VllmEngineConfig(model="/m", cpu_kv_cache_gib=3, cpu_threads=1),
             {"VLLM_CPU_KVCACHE_SPACE": "8", "OMP_NUM_THREADS": "2"},
             {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-             "OMP_NUM_THREADS": "1"},
+             "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
         ),
     ],
 )  # fmt: skip
