@@ -10,6 +10,8 @@ import uuid
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 
@@ -17,6 +19,8 @@ from base.connect import connect_nats
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from schemas import (
+    ControlReply,
+    ControlRequest,
     ModelCard,
     Request,
     SamplingParams,
@@ -223,6 +227,30 @@ def _pools(workers: list[dict[str, Any]], model: str) -> dict[str, int]:
         if w["model"] == model and w["status"] != "expired":
             pools[w["role"]] = pools.get(w["role"], 0) + 1
     return dict(sorted(pools.items()))
+
+
+async def control(
+    nats_url: str,
+    subjects: Subjects,
+    worker_id: str,
+    op: str,
+    args: dict[str, str],
+    timeout_s: float,
+) -> int:
+    """``jetfleet ctl``: one control op on one worker; its reply as JSON (exit 1 if not ok)."""
+    nc = await connect_tool(nats_url, "jetfleet-ctl")
+    try:
+        msg = await nc.request(
+            subjects.ctl(worker_id, op), encode(ControlRequest(args=args)), timeout_s
+        )
+    except (NoRespondersError, NatsTimeoutError):
+        print(f"jetfleet ctl: no answer from worker {worker_id!r}", file=sys.stderr)
+        return 1
+    finally:
+        await nc.close()
+    reply = decode(msg.data, ControlReply)
+    print(json.dumps(to_builtins(reply), indent=2))
+    return 0 if reply.ok else 1
 
 
 async def status(nats_url: str, subjects: Subjects, as_json: bool) -> int:

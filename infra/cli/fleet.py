@@ -10,8 +10,9 @@ from typing import Any
 from infra.cli.components import CLIENT, DISAGG, add_common, add_engine, add_routing
 from infra.cli.planner_args import add_planner_args
 from schemas import Subjects
+from schemas.control import CONTROL_OPS
 
-COMMANDS = ("up", "servers", "infra", "publish", "status")
+COMMANDS = ("up", "servers", "infra", "publish", "status", "ctl")
 
 # JetStream's fsync policy of the embedded NATS (docs/operating/reliability-multihost.md)
 NATS_SYNC_FLAG = ("--nats-sync-interval",)
@@ -115,6 +116,13 @@ def add_commands(sub: Any) -> None:
     add_common(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
+    ctl = sub.add_parser("ctl", help="a control op on one worker (health, clear_kv, lora_load...)")
+    add_common(ctl)
+    ctl.add_argument("worker", help="the worker id (jetfleet status lists them)")
+    ctl.add_argument("op", choices=CONTROL_OPS, metavar="OP", help=", ".join(CONTROL_OPS))
+    ctl.add_argument("args", nargs="*", metavar="KEY=VALUE", help="the op's arguments")
+    ctl.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the reply")
+
 
 def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], Any]) -> int:
     if args.cmd == "up":
@@ -140,4 +148,15 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         from infra.tools import status
 
         return int(runner(status(args.nats, subjects, args.json)))
+    if args.cmd == "ctl":
+        from infra.tools import control
+
+        pairs = [item.partition("=") for item in args.args]
+        if any(not sep for _key, sep, _value in pairs):
+            print("jetfleet ctl: arguments are KEY=VALUE", file=sys.stderr)
+            return 2
+        op_args = {key: value for key, _sep, value in pairs}
+        return int(
+            runner(control(args.nats, subjects, args.worker, args.op, op_args, args.timeout))
+        )
     return 2

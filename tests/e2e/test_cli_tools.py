@@ -121,3 +121,34 @@ def test_a_tool_against_a_nats_that_is_not_there_says_so_and_exits(
     assert done.returncode != 0
     assert f"cannot reach NATS at {dead}" in done.stderr, done.stderr[-2000:]
     assert time.monotonic() - started < 30
+
+
+async def test_ctl_runs_a_control_op_on_a_worker_and_says_when_none_answers(
+    nats_server, tmp_path: Path
+) -> None:
+    fleet = Fleet(nats_server.url, tmp_path)
+    try:
+        worker = fleet.add_worker()
+        common = ("--nats", fleet.nats_url, "--subject-prefix", fleet.prefix)
+
+        async def answers() -> bool:
+            return (await run_cli("ctl", worker, "health", *common)).returncode == 0
+
+        await wait_for(answers, timeout=30)
+        health = await run_cli("ctl", worker, "health", *common)
+        reply = json.loads(health.stdout)
+        assert reply["ok"] is True and reply["data"]["in_flight"] == 0
+        cleared = await run_cli("ctl", worker, "clear_kv", *common)
+        assert cleared.returncode == 0 and json.loads(cleared.stdout)["ok"] is True
+        loaded = await run_cli("ctl", worker, "lora_load", "name=x", "path=/a", *common)
+        assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+        listed = json.loads((await run_cli("ctl", worker, "lora_list", *common)).stdout)
+        assert listed["data"]["loras"] == ["x"]
+        refused = await run_cli("ctl", worker, "lora_unload", "name=y", *common)
+        assert refused.returncode == 1 and json.loads(refused.stdout)["ok"] is False
+        nobody = await run_cli("ctl", "no-such-worker", "health", *common, "--timeout", "2")
+        assert nobody.returncode == 1 and "no answer from worker" in nobody.stderr
+        bad = await run_cli("ctl", worker, "lora_load", "name", *common)
+        assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+    finally:
+        fleet.stop()

@@ -115,6 +115,7 @@ class MockerEngine:
         # scheduler updates the computed tokens after the step)
         self._step_prefill_tokens = 0
         self._sleeping = False
+        self._loras: set[str] = set()  # adapters "loaded" (names only)
 
     async def start(self, hooks: EngineHooks) -> None:
         self._hooks = hooks
@@ -133,6 +134,10 @@ class MockerEngine:
         seed = request_seed(rid, sp.seed)
         if request.prompt_embeds is not None:
             error = "mocker: prompt_embeds need an engine that embeds prompts (vLLM)"
+            sink.on_output(EngineOutput(rid, (), True, "error", error=error))
+            return
+        if request.lora_name and request.lora_name not in self._loras:  # as vLLM refuses it
+            error = f"LoRA adapter {request.lora_name!r} is not loaded on this worker"
             sink.on_output(EngineOutput(rid, (), True, "error", error=error))
             return
         forced: tuple[int, ...] = ()
@@ -233,7 +238,7 @@ class MockerEngine:
         )
 
     def lora_names(self) -> tuple[str, ...]:
-        return ()  # the mocker loads no adapters
+        return tuple(sorted(self._loras))
 
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
         if op == "health":
@@ -260,12 +265,24 @@ class MockerEngine:
             found = self._scheduler.release_held(rid)
             self._flush_kv_events()
             return ControlResult(found, "" if found else f"no blocks held for {rid!r}")
-        if op == "lora_list":
-            return ControlResult(True, data={"loras": []})
-        if op in ("lora_load", "lora_unload"):
-            # The mocker has no weights: adapters only change the hash seed, so any name works.
-            return ControlResult(True, f"mocker accepts adapter {args.get('name', '')!r}")
+        if op in ("lora_load", "lora_unload", "lora_list"):
+            return self._lora_op(op, args.get("name", ""))
         return ControlResult(False, f"unknown op {op!r}")
+
+    def _lora_op(self, op: str, name: str) -> ControlResult:
+        """As vLLM's adapter answers them; the mocker has no weights, so an adapter only
+        changes the hash seed of its requests' blocks (and where the router sends them)."""
+        if op == "lora_list":
+            return ControlResult(True, data={"loras": sorted(self._loras)})
+        if not name:
+            return ControlResult(False, f"{op} needs args name (and path to load)")
+        if op == "lora_load":
+            self._loras.add(name)
+            return ControlResult(True, f"adapter {name!r} loaded")
+        if name not in self._loras:
+            return ControlResult(False, f"adapter {name!r} is not loaded")
+        self._loras.discard(name)
+        return ControlResult(True, f"adapter {name!r} unloaded")
 
     def _flush_kv_events(self) -> None:
         events = self._scheduler.take_events()
