@@ -68,6 +68,27 @@ async def test_short_prompts_pass_long_ones_and_the_loop_keeps_running(service) 
     assert ticks > ticks_when_short_done + 5  # the loop ran while the long prompt was tokenized
 
 
+async def test_long_prompts_go_one_per_thread_the_shortest_first() -> None:
+    """One thread on the long lane, busy: four prompts queue behind it. Each then runs alone
+    (not as one batch whose every prompt waits for all), the smallest first."""
+    svc = PromptTokenizer(TokenizeConfig(threads=1), TokenizeMetrics(CollectorRegistry()))
+    svc.start()
+    tok = CountingTokenizer()
+    try:
+        busy = "word " * 200_000
+        first = asyncio.create_task(svc.tokenize("m", tok, lambda: busy, 10**7, len(busy)))
+        await asyncio.sleep(0)  # it is on the thread: the next ones queue
+        sizes = [90_000, 30_000, 60_000, 40_000]
+        texts = ["x" * n for n in sizes]
+        queued = [
+            asyncio.create_task(svc.tokenize("m", tok, lambda t=t: t, 10**7, len(t))) for t in texts
+        ]
+        await asyncio.gather(first, *queued)
+    finally:
+        await svc.stop()
+    assert tok.calls[-5:] == [len(busy), *sorted(sizes)]  # (after the cache's probe checks)
+
+
 async def test_a_far_too_long_prompt_is_refused_from_a_prefix(service) -> None:
     svc, _ = service
     tok = CountingTokenizer()
