@@ -212,15 +212,18 @@ def _fetched(module: types.ModuleType) -> bool:
 def loaded(release: str) -> Iterator[types.SimpleNamespace]:
     """``kv_events`` and ``sampling_params`` of ``release`` as modules, within the block."""
     root = fetch(release)
-    # a real vLLM imported before is put back after; another release's modules never are (two
-    # of these blocks may overlap, and pytest may end them in any order)
-    saved = {
-        k: v
-        for k, v in sys.modules.items()
-        if (k == "vllm" or k.startswith("vllm.")) and not _fetched(v)
-    }
-    for name in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-        del sys.modules[name]
+    # A real vLLM imported before is put aside while any block is open and put back when the
+    # last one closes: two of these blocks may overlap and pytest may end them in any order, and
+    # a real vLLM module dropped on the way would run again on its next import (torch refuses a
+    # second registration of its opaque types).
+    if not _open_blocks:
+        _real.update(
+            (k, v)
+            for k, v in sys.modules.items()
+            if (k == "vllm" or k.startswith("vllm.")) and not _fetched(v)
+        )
+    _open_blocks.append(release)
+    _drop_vllm_modules()
     finder = _Finder(root, release)
     sys.meta_path.insert(0, finder)
     try:
@@ -231,6 +234,17 @@ def loaded(release: str) -> Iterator[types.SimpleNamespace]:
         )
     finally:
         sys.meta_path.remove(finder)
-        for name in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
+        _drop_vllm_modules()
+        _open_blocks.remove(release)
+        if not _open_blocks:
+            sys.modules.update(_real)
+            _real.clear()
+
+
+_real: dict[str, types.ModuleType] = {}  # the installed vLLM's modules, while blocks are open
+_open_blocks: list[str] = []
+
+
+def _drop_vllm_modules() -> None:
+    for name in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+        del sys.modules[name]
