@@ -475,10 +475,15 @@ class Indexer:
         self.departed.add(worker_id)
         model = self.worker_models.pop(worker_id, None)
         self.translator.forget(worker_id)
-        if model is not None:
+        if model is None:
+            return
+        try:
             for hid in holders(worker_id):
                 await self.index.drop_worker(model, hid)
-            self.log.info("indexer_dropped_worker", worker_id=worker_id, model=model)
+        except REDIS_UNREACHABLE as exc:  # the periodic reconcile drops it once Redis answers
+            self.log.warning("indexer_drop_failed", worker_id=worker_id, error=repr(exc))
+            return
+        self.log.info("indexer_dropped_worker", worker_id=worker_id, model=model)
 
     async def reconcile(self, live: set[str]) -> list[str]:
         """Drop every indexed worker discovery does not know: workers that left while no indexer

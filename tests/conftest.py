@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -21,6 +22,31 @@ from schemas import Subjects
 # Every test fleet reserves its streams' max_bytes (1 GiB of memory for tokens alone); the server's
 # default limits (75% of RAM) would run out after a dozen fleets. Reservations, not usage.
 _JS_STORE_LIMIT_BYTES = 1 << 40
+
+# CI runs the suite on pytest-xdist workers (``-n 3 --dist loadgroup``, see infra/bootstrap.sh).
+# Some tests stay together on one worker, in order: those sharing the real-engine fleet (a session
+# fixture: one fleet, not one per worker), the real-engine tests that start fleets of their own
+# (one vLLM fleet starting at a time beside that one), and the multi-host chaos tests (they own
+# the machine's network namespaces). The groups go first: they are the longest.
+_TESTS = Path(__file__).parent
+
+
+def _group(item: pytest.Item) -> str | None:
+    parts = item.path.relative_to(_TESTS).parts
+    if parts[0] == "vllm_engine":
+        return "vllm-fleet" if "real_fleet" in getattr(item, "fixturenames", ()) else "vllm"
+    if parts[0] == "chaos":
+        return "chaos"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    groups = {item.nodeid: _group(item) for item in items}
+    for item in items:
+        if (group := groups[item.nodeid]) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: groups[item.nodeid] is None)  # stable: file order kept within
 
 
 @pytest.fixture(scope="session")

@@ -215,6 +215,31 @@ async def test_workers_that_left_while_no_indexer_ran_are_dropped_once_caught_up
     await run.halt()
 
 
+async def test_a_departure_while_redis_is_away_is_dropped_by_the_next_reconcile(
+    nc, subjects, rig, monkeypatch
+):
+    """Redis unreachable when a worker leaves: the indexer logs it and goes on (no exception out
+    of the departure), the worker's blocks stay until a reconcile finds it gone and drops them."""
+    batches = mocker_event_batches(workers=2, requests=20, seed=4)
+    workers = sorted({b.worker_id for b in batches})
+    last = await publish_all(nc, subjects, batches)
+    indexer = rig(lambda: None)
+    run = Running(indexer)
+    await wait_for(lambda: indexer.applied >= last, timeout=20)
+    drop = indexer.index.drop_worker
+
+    async def unreachable(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("Connection closed by server.")
+
+    monkeypatch.setattr(indexer.index, "drop_worker", unreachable)
+    await indexer.worker_gone(workers[1])  # does not raise
+    assert await indexer.index.workers("m") == set(workers)
+    monkeypatch.setattr(indexer.index, "drop_worker", drop)
+    assert await indexer.reconcile(set(workers[:1])) == [workers[1]]
+    assert await indexer.index.workers("m") == {workers[0]}
+    await run.halt()
+
+
 async def test_a_flush_under_a_running_indexer_is_rebuilt_not_kept_partial(nc, subjects, rig):
     """FLUSHALL while an indexer leads: its next applies write a stream position into the empty
     Redis, so resuming from that position kept a partial index for good. The missing epoch key
