@@ -67,8 +67,12 @@ async def test_an_adapter_is_loaded_used_routed_to_its_holder_and_unloaded(
             base = await _answer(client, M)
             loaded = await control(nc, holder, "lora_load", name=ADAPTER, path=str(adapter))
             assert loaded.ok, loaded.detail
-            models = {m.id: m for m in (await client.models.list()).data}
-            assert (models[ADAPTER].model_extra or {}).get("parent") == M
+
+            async def listed_with_parent() -> bool:  # the frontend hears of it through discovery
+                models = {m.id: m for m in (await client.models.list()).data}
+                return ADAPTER in models and (models[ADAPTER].model_extra or {}).get("parent") == M
+
+            await wait_for(listed_with_parent, timeout=10)
             async with Observations(fleet) as obs:  # type: ignore[arg-type]
                 answers = [await _answer(client, ADAPTER) for _ in range(4)]
                 await wait_for(lambda: len(obs.items) == 4, timeout=30)
