@@ -89,8 +89,8 @@ case "$cmd" in
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     "$VENV/bin/mypy"  # files and strictness from pyproject.toml
-    # 4 workers on 2 cores: most tests wait on servers and processes; groups in tests/conftest.py
-    exec "$VENV/bin/python" -m pytest -q -n 4 --dist loadgroup "$@"
+    # 3 workers on 2 cores: most tests wait on servers and processes; groups in tests/conftest.py
+    exec "$VENV/bin/python" -m pytest -q -n 3 --dist loadgroup "$@"
     ;;
   *)
     echo "usage: bash infra/bootstrap.sh up|vllm|test [args]" >&2

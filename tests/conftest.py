@@ -23,20 +23,19 @@ from schemas import Subjects
 # default limits (75% of RAM) would run out after a dozen fleets. Reservations, not usage.
 _JS_STORE_LIMIT_BYTES = 1 << 40
 
-# CI runs the suite on pytest-xdist workers (``-n 4 --dist loadgroup``, see infra/bootstrap.sh).
+# CI runs the suite on pytest-xdist workers (``-n 3 --dist loadgroup``, see infra/bootstrap.sh).
 # Some tests stay together on one worker, in order: those sharing the real-engine fleet (a session
-# fixture: one fleet, not one per worker), those of each real-engine module that starts a fleet
-# of its own (a module fixture), and the multi-host chaos tests (they own the machine's network
-# namespaces). The groups go first: they are the longest.
+# fixture: one fleet, not one per worker), the real-engine tests that start fleets of their own
+# (one at a time beside that one: the machine has 2 cores, and 4 workers measured slower than 3),
+# and the multi-host chaos tests (they own the machine's network namespaces). The groups go
+# first: they are the longest.
 _TESTS = Path(__file__).parent
 
 
 def _group(item: pytest.Item) -> str | None:
     parts = item.path.relative_to(_TESTS).parts
     if parts[0] == "vllm_engine":
-        if "real_fleet" in getattr(item, "fixturenames", ()):
-            return "vllm-fleet"
-        return f"vllm-{item.path.stem}"  # a module that starts a fleet of its own
+        return "vllm-fleet" if "real_fleet" in getattr(item, "fixturenames", ()) else "vllm"
     if parts[0] == "chaos":
         return "chaos"
     return None

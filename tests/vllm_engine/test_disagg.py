@@ -16,7 +16,8 @@ from openai import AsyncOpenAI
 from tests.support.up import Up, running_up
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+# slow: two vLLM engines and a file handoff, ~2.5 min of CI (docs/development/testing.md)
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
 M = "SmolLM2-135M-Instruct"
 BLOCK = 32
