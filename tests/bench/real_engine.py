@@ -77,12 +77,16 @@ def plain_vllm(model: Path, tmp: Path) -> Iterator[System]:
 
 
 @contextlib.contextmanager
-def jetfleet(model: Path, tmp: Path, workers: int, router: str) -> Iterator[System]:
-    """``jetfleet up --engine vllm`` as a user starts it (KV space and threads: its defaults)."""
+def jetfleet(
+    model: Path, tmp: Path, workers: int, router: str, up_args: tuple[str, ...] = ()
+) -> Iterator[System]:
+    """``jetfleet up --engine vllm`` as a user starts it (KV space and threads: its defaults,
+    unless ``up_args`` say otherwise)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    extra = ("--engine", "vllm", "--model", str(model), "--router", router, *ENGINE_ARGS)
+    extra = ("--engine", "vllm", "--model", str(model), "--router", router, *ENGINE_ARGS, *up_args)
     with running_up(tmp, workers, *extra, start_timeout_s=900) as up:
         name = "jetfleet" if router == "kv" else f"jetfleet-{router}"
+        name += "".join(up_args).replace("--", " ") if up_args else ""
         yield System(name, up.base_url, {"up": up.proc.pid})  # servers, fleet and vLLM
 
 
@@ -192,11 +196,16 @@ ROUTING = [
 ]  # fmt: skip
 
 
-def overhead(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path) -> None:
+def overhead(
+    model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path, up_args: list[str]
+) -> None:
     starts: list[tuple[str, Any]] = [
         ("vllm", lambda: plain_vllm(model, tmp)),
         ("jetfleet", lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv")),
     ]
+    if up_args:  # the same fleet with other flags, beside its defaults
+        variant = tuple(up_args)
+        starts.append(("jetfleet", lambda: jetfleet(model, tmp / f"up2-{seed}", 1, "kv", variant)))
     if dynamo_dir is not None:
         starts.append(("dynamo", lambda: dynamo(dynamo_dir, model, 1)))
     for _name, start in starts:
@@ -207,7 +216,9 @@ def overhead(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: 
                 print(json.dumps({"bench": "overhead", **row}), flush=True)
 
 
-def routing(model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path) -> None:
+def routing(
+    model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path, up_args: list[str]
+) -> None:
     starts: list[tuple[str, Any]] = [
         ("jetfleet", lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv")),
         ("jetfleet-rr", lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin")),
@@ -228,6 +239,11 @@ def main() -> None:
     ap.add_argument("--dynamo-dir", type=Path, default=None)
     ap.add_argument("--sittings", type=int, default=1)
     ap.add_argument(
+        "--variant", action="append", default=[], metavar="UP_FLAG",
+        help="overhead: also run jetfleet with these up flags (repeat; e.g. --variant=--cpu-threads"
+        " --variant=1)",
+    )  # fmt: skip
+    ap.add_argument(
         "--model", choices=["smollm2", "tiny-llama"], default="smollm2",
         help="smollm2: a real model; tiny-llama: 2 layers, where the fleet's own cost shows",
     )  # fmt: skip
@@ -241,7 +257,7 @@ def main() -> None:
         words = one_token_words(model, Path(tmp) / "words.txt")
         for sitting in range(args.sittings):
             (overhead if args.bench == "overhead" else routing)(
-                model, Path(tmp), args.dynamo_dir, 100 + sitting, words
+                model, Path(tmp), args.dynamo_dir, 100 + sitting, words, args.variant
             )
 
 
