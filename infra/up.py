@@ -21,6 +21,7 @@ from infra.cli.components import engine_argv, routing_argv
 from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from schemas import Subjects
+from workers.engines.vllm.platform import fleet_cpu_threads
 
 log = structlog.get_logger("jetfleet.up")
 
@@ -177,7 +178,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
                 _say(f"jetfleet up: cannot reach Redis at {redis_url}: {exc or type(exc).__name__}")
                 return 1
         if args.engine == "vllm" and args.cpu_threads is None:  # (a GPU ignores it)
-            args.cpu_threads = max(1, len(os.sched_getaffinity(0)) // sum(_pools(args).values()))
+            cores, engines = len(os.sched_getaffinity(0)), sum(_pools(args).values())
+            args.cpu_threads = fleet_cpu_threads(cores, engines)
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
