@@ -90,17 +90,15 @@ def run_servers(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_autoscaling(
+def _start_connector(
     args: argparse.Namespace,
     group: ProcessGroup,
     common: list[str],
     engine: list[str],
     ops: dict[str, int],
 ) -> None:
-    """The local connector starts (and owns) the workers; the planner resizes them. The
-    planner's capacity profile defaults to the mocker's at this ``--speedup``."""
-    from infra.cli.planner import planner_flags, served_name
-
+    """The local connector starts (and owns) the workers; the planner (``_start_planner``,
+    once the fleet is ready) resizes them."""
     initial = [f"{role}={n}" for role, n in _pools(args).items()]
     group.start(
         "connector",
@@ -116,6 +114,17 @@ def _start_autoscaling(
             str(ops["connector"]),
         ),
     )
+
+
+def _start_planner(
+    args: argparse.Namespace, group: ProcessGroup, common: list[str], ops: dict[str, int]
+) -> None:
+    """The planner, once the fleet is ready: started with the workers, it could scale a pool
+    allowed to reach zero (``--min-replicas agg=0``) down before the frontend had seen a worker,
+    and ``up`` would wait for a ready fleet that never comes. Its capacity profile defaults to the
+    mocker's at this ``--speedup``."""
+    from infra.cli.planner import planner_flags, served_name
+
     profile = [] if args.profile else ["--profile", f"mocker:{args.speedup}"]
     group.start(
         "planner",
@@ -184,7 +193,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
             ops["planner"], ops["connector"] = free_port(), free_port()
-            _start_autoscaling(args, group, common, engine, ops)
+            _start_connector(args, group, common, engine, ops)
         else:
             for role, n in _pools(args).items():
                 for i in range(n):
@@ -220,6 +229,8 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         except (RuntimeError, TimeoutError) as exc:  # a component died, or never got ready
             _say(f"jetfleet up: {_first_line(exc)} (logs in {group.log_dir})")
             return 1
+        if args.planner:
+            _start_planner(args, group, common, ops)
         scaling = ", autoscaled by the planner" if args.planner else ""
         pools = ", ".join(f"{n} {role}" for role, n in _pools(args).items())
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))
