@@ -55,11 +55,17 @@ async def test_the_cpu_build_says_it_cannot_sleep_and_keeps_serving() -> None:
     await engine.stop()
 
 
-async def test_a_dead_engine_tells_the_worker_and_ends_nothing_it_held() -> None:
+async def _started_reporting_failures() -> tuple[VllmEngine, FakeBackend, list[str]]:
+    """An engine on a fake backend, started; what it reports to ``EngineHooks.failed``."""
     failed: list[str] = []
     backend = FakeBackend()
     engine = VllmEngine(config(), backend)
     await engine.start(EngineHooks(lambda events: None, failed=failed.append))
+    return engine, backend, failed
+
+
+async def test_a_dead_engine_tells_the_worker_and_ends_nothing_it_held() -> None:
+    engine, backend, failed = await _started_reporting_failures()
     held = await submitted(engine, backend, request("held"))
     backend.llm.errored = True  # vLLM's engine core died: every stream raises
     await push(backend, RuntimeError("EngineDeadError: EngineCore encountered an issue"))
@@ -73,10 +79,7 @@ async def test_a_dead_engine_tells_the_worker_and_ends_nothing_it_held() -> None
 
 
 async def test_an_idle_engine_that_dies_is_noticed() -> None:
-    failed: list[str] = []
-    backend = FakeBackend()
-    engine = VllmEngine(config(), backend)
-    await engine.start(EngineHooks(lambda events: None, failed=failed.append))
+    engine, backend, failed = await _started_reporting_failures()
     backend.llm.errored = True
     await wait_for(lambda: failed, timeout=3.0)
     assert failed == ["vLLM's engine core died"]
