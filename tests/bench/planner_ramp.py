@@ -53,6 +53,7 @@ from planner.connectors.base import ConnectorService
 from planner.connectors.local import LocalScaler, LocalScalerConfig
 from schemas import ScalingDecided, Subjects, decode
 from tests.bench.loadgen import Connection, RequestResult, percentile, random_prompt
+from tests.support.wait import wait_line
 
 MODEL = "jetfleet-tiny"
 
@@ -296,10 +297,10 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
                 "prefill_tokens_per_s": args.replica_rps * args.isl,
                 "decode_tokens_per_s": args.replica_rps * args.osl,
             }
-            group.start(
+            planner = group.start(
                 "planner",
                 cli_command(
-                    "planner", *common, "--model", MODEL,
+                    "planner", "--nats", nats.url, "--log-level", "info", "--model", MODEL,
                     "--interval", str(args.interval),
                     "--predictor", args.predictor,
                     "--ttft-target", str(args.ttft_target),
@@ -315,6 +316,9 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
                 ),
             )  # fmt: skip
             tasks.append(asyncio.create_task(connector.run(stop)))
+            # the load starts once the planner listens: on a busy machine its start-up (imports,
+            # connections) would otherwise eat a short ramp's first phases
+            await asyncio.to_thread(wait_line, planner.log_path, "planner_ready", 60, planner.proc)
         sampler = asyncio.create_task(sample_replicas(scaler, stop, 0.25, alive_at))
         print(f"[{kind}] {initial} replicas, {curve.duration:.0f}s of load", file=sys.stderr)
         t0 = time.monotonic()

@@ -60,4 +60,10 @@ async def test_a_request_id_joins_the_frontend_and_worker_logs(fleet) -> None:
     started = [e for e in _events(logs, rid) if e.get("event") == "request_started"]
     assert started[0]["trace_id"] == TRACE_ID  # through the NATS header to the worker
     rejected = bad.headers["x-request-id"]
-    assert any(e.get("status") == bad.status_code for e in _events(fleet.log("frontend"), rejected))
+    # the access line is written once the response has gone out: the client can read it first
+    assert await wait_for(
+        lambda: any(
+            e.get("status") == bad.status_code for e in _events(fleet.log("frontend"), rejected)
+        ),
+        10,
+    )
