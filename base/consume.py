@@ -6,7 +6,10 @@
   (NATS reconnecting) is logged and backed off ``FETCH_BACKOFF_S``, and the loop goes on. The
   caller's question is where consumers differ: the router service and the connectors fetch a
   fixed batch until their stop event (``until``), a worker's pool loop only what its engine has
-  room for, the planner closes its intervals between fetches.
+  room for, the planner closes its intervals between fetches. A fetch can return more than
+  it asked for (nats-py hands over everything already in the subscription's queue, such as what
+  a timed-out pull request brought in late): the loop handles ``batch`` and NAKs the rest,
+  redelivered at once to whoever pulls next, so a worker never starts more than it has room for.
 - **Dead letters** (``DeadLetters``, one per component): a message that does not decode, or
   decodes to something no one may act on, is published on ``{prefix}.dlq.{component}`` with
   the reason and terminated (never redelivered to spread), and the consumer carries on. A
@@ -84,8 +87,11 @@ async def pull_loop(
             logger.warning("fetch_failed", error=str(exc))
             await asyncio.sleep(FETCH_BACKOFF_S)
             continue
-        for msg in msgs:
+        for msg in msgs[: want.batch]:
             await handle(msg)
+        for msg in msgs[want.batch :]:  # more than asked for: back to the stream at once
+            with contextlib.suppress(Exception):
+                await msg.nak()
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,26 @@ async def test_the_loop_hands_every_message_over_in_order_through_timeouts() -> 
     assert pull.fetches == [(8, 0.25)] * 4
 
 
+async def test_what_a_fetch_returns_beyond_its_batch_is_naked_not_handled() -> None:
+    class Nakable:
+        def __init__(self, name: str) -> None:
+            self.name, self.naks = name, 0
+
+        async def nak(self) -> None:
+            self.naks += 1
+
+    a, b, c = Nakable("a"), Nakable("b"), Nakable("c")
+    pull = FakePull([a, b, c])
+    handled: list[Any] = []
+
+    async def handle(msg: Any) -> None:
+        handled.append(msg)
+
+    await pull_loop(pull, fetches(1, Fetch(1)), handle)  # type: ignore[arg-type]
+    assert handled == [a]  # a worker with one free slot starts one
+    assert (a.naks, b.naks, c.naks) == (0, 1, 1)
+
+
 async def test_a_failed_fetch_backs_off_and_the_loop_goes_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
