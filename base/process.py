@@ -160,8 +160,10 @@ def wait_http_ok(
     group: ProcessGroup | None = None,
     progress: Callable[[float], None] | None = None,
     progress_every_s: float = 15.0,
+    until: Callable[[bytes], bool] | None = None,
 ) -> None:
-    """Until ``url`` answers 200; ``progress(seconds waited)`` every ``progress_every_s``."""
+    """Until ``url`` answers 200 (and ``until(body)`` holds, when given); ``progress(seconds
+    waited)`` every ``progress_every_s``."""
     start = time.monotonic()
     deadline = start + timeout_s
     next_progress = start + progress_every_s
@@ -175,8 +177,9 @@ def wait_http_ok(
             raise RuntimeError(f"{dead[0].name} exited during start-up:\n{tail}")
         try:
             with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status == 200:
+                if resp.status == 200 and (until is None or until(resp.read())):
                     return
+                last = "answered, condition not met yet"
         except Exception as exc:
             last = str(exc)
         time.sleep(0.1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -256,10 +257,20 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     return 0
 
 
+def serving(ready_body: bytes) -> bool:
+    """A frontend's ``/ready`` body says a model has a live worker now. (``/ready`` itself is
+    200 for a known model without one, a fleet scaled to zero; a fleet starting waits for
+    this.)"""
+    try:
+        return bool(json.loads(ready_body).get("live_models"))
+    except ValueError:
+        return False
+
+
 def _wait_ready(args: argparse.Namespace, group: ProcessGroup) -> None:
     url = f"http://{args.host}:{args.port}/ready"
     if args.engine != "vllm":
-        wait_http_ok(url, 60.0, group)
+        wait_http_ok(url, 60.0, group, until=serving)
         return
     wait_http_ok(  # loading a real model: minutes on a laptop CPU
         url,
@@ -269,6 +280,7 @@ def _wait_ready(args: argparse.Namespace, group: ProcessGroup) -> None:
             f"waiting for the vLLM workers to load {Path(args.model).name} "
             f"({waited:.0f} s; logs in {group.log_dir})"
         ),
+        until=serving,
     )
 
 

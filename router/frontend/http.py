@@ -211,7 +211,8 @@ class Frontend:
 
     async def ready(self, call: asgi.Call) -> None:
         reasons = await self.not_ready()
-        body = encode({"ready": not reasons, "reasons": reasons})
+        live = sorted(self.discovery.state.models())
+        body = encode({"ready": not reasons, "reasons": reasons, "live_models": live})
         await asgi.send_json(call.send, 503 if reasons else 200, body)
 
     async def prometheus(self, call: asgi.Call) -> None:
@@ -266,7 +267,10 @@ class Frontend:
         return {"object": "list", "data": data}
 
     async def not_ready(self) -> list[str]:
-        """Why ``/ready`` says no (nothing: ready)."""
+        """Why ``/ready`` says no (nothing: ready). A known model with no live worker is ready:
+        a fleet the planner scaled to zero brings a worker back on demand, and demand only
+        reaches a frontend its load balancer still routes to (``live_models`` in the body says
+        which have a worker now)."""
         reasons = []
         if not self.nc.is_connected:
             reasons.append("nats disconnected")
@@ -277,8 +281,8 @@ class Frontend:
                 await self.redis.ping()
             except Exception as exc:
                 reasons.append(f"redis unavailable: {exc}")
-        if not self.models_body()["data"]:
-            reasons.append("no model has a live worker")
+        if not self.discovery.models:
+            reasons.append("no model card published yet (no worker has started)")
         return reasons
 
 

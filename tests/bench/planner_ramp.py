@@ -49,6 +49,7 @@ from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from infra.command import cli_command
 from infra.embedded import EmbeddedNats, free_port
+from infra.up import serving
 from planner.connectors.base import ConnectorService
 from planner.connectors.local import LocalScaler, LocalScalerConfig
 from schemas import ScalingDecided, Subjects, decode
@@ -291,7 +292,7 @@ async def run_fleet(kind: str, curve: Curve, args: argparse.Namespace) -> dict[s
             ),
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
-        wait_http_ok(f"{url}/ready", 60, group)
+        wait_http_ok(f"{url}/ready", 60, group, until=serving)
         if kind == "planner":
             profile = {
                 "prefill_tokens_per_s": args.replica_rps * args.isl,

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Self
 
 from infra.command import cli_command
+from infra.up import serving
 from schemas import Subjects
 from tests.chaos.netns import Host, Network
 from tests.chaos.servers import NATS_PORT, HostNats, HostRedis
@@ -178,7 +179,7 @@ class MultiHostFleet:
     def _frontend_ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.base_url}/ready", timeout=2) as r:
-                return bool(r.status == 200)
+                return r.status == 200 and serving(r.read())
         except OSError:
             return False
 

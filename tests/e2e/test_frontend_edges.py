@@ -23,6 +23,40 @@ pytestmark = pytest.mark.integration
 M = "jetfleet-tiny"
 
 
+async def test_ready_once_a_model_is_known_and_still_ready_with_no_worker_left(
+    nats_server, tmp_path
+) -> None:
+    """``/ready`` is the frontend's readiness for a load balancer: not before any worker has
+    published its model, and still after the last worker left (a fleet scaled to zero gets its
+    worker back from the demand the frontend still receives); ``live_models`` says which models
+    have a worker now."""
+    f = Fleet(nats_server.url, tmp_path)
+    try:
+        url = f.start_frontend("--router", "round-robin", serving_first=False)
+        async with httpx.AsyncClient(timeout=10) as client:
+            r = await client.get(f"{url}/ready")
+            assert r.status_code == 503 and "no model card" in r.json()["reasons"][0], r.text
+            worker = f.add_worker()
+
+            async def ready() -> dict | None:
+                r = await client.get(f"{url}/ready")
+                return r.json() if r.status_code == 200 else None
+
+            assert (await wait_for(ready, 30))["live_models"] == [M]
+            assert f.terminate(worker) == 0
+            assert await wait_for(lambda: _gone(client, url), 30)
+            r = await client.get(f"{url}/ready")
+            assert r.status_code == 200 and r.json() == {
+                "ready": True, "reasons": [], "live_models": []
+            }  # fmt: skip
+    finally:
+        f.stop()
+
+
+async def _gone(client: httpx.AsyncClient, url: str) -> bool:
+    return (await client.get(f"{url}/ready")).json()["live_models"] == []
+
+
 def test_api_key_is_required_on_v1_and_nowhere_else(fleet: Fleet) -> None:
     url = fleet.start_frontend(
         "--router", "round-robin", "--api-key", "s3cret", name="frontend-key", port=free_port()

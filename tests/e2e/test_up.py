@@ -357,6 +357,10 @@ def test_scaled_to_zero_a_request_brings_a_worker_back(tmp_path: Path) -> None:
             return sum(w["status"] == "ready" for w in json.loads(done.stdout)["workers"])
 
         wait_until(lambda: ready_workers() == 0, 60, "the idle fleet scales to zero")
+        # still ready: a load balancer keeps routing to the frontend, and that demand is what
+        # brings a worker back
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as r:
+            assert r.status == 200 and json.load(r)["live_models"] == []
         client = openai_client(f"http://127.0.0.1:{port}", api_key="none", max_retries=6)
         started = time.monotonic()
         r = client.completions.create(model="jetfleet-tiny", prompt="wake up", max_tokens=4)

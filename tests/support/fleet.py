@@ -12,6 +12,7 @@ from pathlib import Path
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
 from infra.embedded import free_port
+from infra.up import serving
 
 
 @dataclass
@@ -51,7 +52,15 @@ class Fleet:
     def redis_args(self) -> list[str]:
         return ["--redis", self.redis_url] if self.redis_url else []
 
-    def start_frontend(self, *extra: str, name: str = "frontend", port: int | None = None) -> str:
+    def start_frontend(
+        self,
+        *extra: str,
+        name: str = "frontend",
+        port: int | None = None,
+        serving_first: bool = True,
+    ) -> str:
+        """Start a frontend and wait until it serves a model (``serving_first=False``: until it
+        answers at all)."""
         port = port or self.port
         argv = cli_command(
             "frontend",
@@ -64,7 +73,10 @@ class Fleet:
         )
         self.group.start(name, argv)
         url = f"http://127.0.0.1:{port}"
-        wait_http_ok(f"{url}/ready", 60.0, self.group)
+        if serving_first:
+            wait_http_ok(f"{url}/ready", 60.0, self.group, until=serving)
+        else:
+            wait_http_ok(f"{url}/health", 60.0, self.group)
         return url
 
     def start_router_service(self, *extra: str) -> None:
