@@ -13,9 +13,11 @@ loop with the lean client (``loadgen.py``):
   message, each request one head plus ``--fresh-tokens`` (256) new tokens as the user message
   (chat: the frontend's prefix cache works on messages).
 
-It prints one JSON document: per run TTFT p50/p90/p99, errors, requests/s, and the frontend's
-CPU (all its processes) per request and per 1k prompt tokens. ``--url`` with ``--pid`` measures an
-already running system the same way (NVIDIA Dynamo started by ``../shared/anchors/dynamo``).
+It prints one JSON document: per run TTFT p50/p90/p99, errors, requests/s, the frontend's CPU (all
+its processes) per request and per 1k prompt tokens, and the whole system's (``cpu_ms_per_request``:
+every metered process summed; jetfleet's fleet: workers, frontend, indexer, NATS and Redis).
+``--url`` with ``--pid`` (repeatable) measures an already running system the same way (NVIDIA
+Dynamo started by ``../shared/anchors/dynamo``: its frontend and every mocker).
 
 Prompts are words from ``--words`` (one token each in the anchor's model dir, which has the
 vocabulary for it); without ``--words``, random letters on the shipped byte-level model (a token a
@@ -122,6 +124,10 @@ def measure(
         row["frontend_cpu_s"] = fe
         row["frontend_cpu_ms_per_request"] = round(fe * 1000 / ok, 2)
         row["frontend_cpu_ms_per_1k_prompt_tokens"] = round(fe * 1e6 / max(1, prompt_tokens), 3)
+    system = sum(v for k, v in cpu.items() if k != "load_client")
+    if pids:  # every process of the system, summed: what a request costs the machine
+        row["cpu_ms_per_request"] = round(system * 1000 / ok, 2)
+        row["cpu_ms_per_1k_prompt_tokens"] = round(system * 1e6 / max(1, prompt_tokens), 3)
     row["cpu_s"] = cpu
     errors = [r.error for r in level.results if not r.ok][:3]
     if errors:

@@ -3,9 +3,15 @@
 #
 #   ANCHOR_DIR=../shared/anchors/dynamo bash tests/bench/side_by_side.sh short|long [REPS]
 #
-# short: 1 mocker at speedup 1000, 512-token prompts, 64 streamed tokens, concurrency 1/16/64,
-#        the anchor's load client (loadgen.py); each system gets one unmeasured c=1 level first
-#        (the first seconds after a start run slow on these machines, for both systems).
+# short: 1 mocker at speedup 1000, 512-token prompts, 64 streamed tokens, the anchor's load
+#        client (loadgen.py). Per sitting, one system after the other: Dynamo (its default block
+#        64), `jetfleet up` as the README starts it with --block-size 64 (equal blocks), and
+#        `jetfleet up` on its defaults (block 16); up keeps its planner, held to the one worker
+#        Dynamo has (--max-replicas agg=1). Each system is measured cold first (c=16 right after
+#        start, no warm-up: what a user meets), then warm at c=1/16/64 (20 unmeasured requests
+#        before each). cpu_ms_per_req: CPU of every process of the system (Dynamo: its frontend
+#        and mocker; jetfleet: up and everything it started, NATS and Redis included) over the
+#        measured window, per request.
 # long:  4 mockers at speedup 1, tests/bench/long_prompts.py (fresh 16k-token prompts and
 #        repeated 12k-token heads, concurrency 12) against Dynamo (--url) and jetfleet with 1
 #        and 2 frontend processes.
@@ -29,21 +35,29 @@ for name, key in (("config.json", "max_position_embeddings"), ("tokenizer_config
 PYEOF
 }
 
-load() {  # label url frontend_pid concurrency [warm]
-  local n=$(( $4 * 40 > 400 ? $4 * 40 : 400 )) out
-  out=$(mktemp -d)
-  python3 "$ANCHOR_DIR/loadgen.py" --url "$2" --model anchor-model --words "$MODEL/words.txt" \
-    --workload fixed --prompt-tokens 512 --max-tokens 64 --concurrency "$4" --requests "$n" \
-    --warmup 20 --pid "frontend=$3" --out "$out" > /dev/null 2>&1
-  [ "${5:-}" = warm ] && return
-  python3 - "$1" "$4" "$out/summary.json" <<'PYEOF'
+load() {  # label url concurrency cold|warm name=pid...
+  local label=$1 url=$2 c=$3 warm=$4 n out; shift 4
+  local pids=(); for p in "$@"; do pids+=(--pid "$p"); done
+  n=$(( c * 40 > 400 ? c * 40 : 400 )); out=$(mktemp -d)
+  python3 "$ANCHOR_DIR/loadgen.py" --url "$url" --model anchor-model --words "$MODEL/words.txt" \
+    --workload fixed --prompt-tokens 512 --max-tokens 64 --concurrency "$c" --requests "$n" \
+    --warmup "$([ "$warm" = cold ] && echo 0 || echo 20)" "${pids[@]}" --out "$out" > /dev/null 2>&1
+  python3 - "$label" "$c" "$warm" "$out/summary.json" <<'PYEOF'
 import json, sys
-d = json.load(open(sys.argv[3]))
-print(json.dumps({"system": sys.argv[1], "concurrency": int(sys.argv[2]),
+d = json.load(open(sys.argv[4]))
+cpu = d["cpu_pct_of_one_core"]
+print(json.dumps({"system": sys.argv[1], "concurrency": int(sys.argv[2]), "phase": sys.argv[3],
   "req_per_s": round(d["req_per_s"], 1), "ttft_ms_p50": round(d["ttft_ms"]["p50"], 2),
   "ttft_ms_p99": round(d["ttft_ms"]["p99"], 2), "errors": d["errors"],
-  "frontend_cpu_pct": round(d["cpu_pct_of_one_core"]["frontend"], 1)}))
+  "cpu_ms_per_req": round(10 * sum(cpu.values()) / d["req_per_s"], 3),
+  "cpu_pct_of_one_core": {k: round(v, 1) for k, v in cpu.items()}}))
 PYEOF
+}
+
+sitting() {  # label url name=pid...: cold c=16, then warm c=1/16/64
+  local label=$1 url=$2; shift 2
+  load "$label" "$url" 16 cold "$@"
+  for c in 1 16 64; do load "$label" "$url" "$c" warm "$@"; done
 }
 
 dynamo_up() {  # workers speedup model
@@ -53,34 +67,38 @@ dynamo_up() {  # workers speedup model
 }
 dynamo_down() { (cd "$ANCHOR_DIR" && ./stop_stack.sh > /dev/null 2>&1) || true; }
 
-jetfleet_up() {  # workers speedup model frontends -> sets JF_URL JF_PID
-  local info; info=$(mktemp)
-  "$PY" -m tests.bench.hold_fleet --model-dir "$3" --workers "$1" --speedup "$2" \
-    --frontends "$4" > "$info" 2> /dev/null &
-  JF_HOLD=$!
-  for _ in $(seq 1 120); do grep -q url "$info" 2> /dev/null && break; sleep 0.5; done
-  JF_URL=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['url'])" "$info")
-  JF_PID=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pids']['frontend'])" "$info")
+up_start() {  # extra up flags... -> sets UP_PID UP_URL (jetfleet up as the README starts it)
+  local port state; port=$("$PY" -c "from infra.embedded import free_port; print(free_port())")
+  state=$(mktemp -d)
+  .venv/bin/jetfleet up --model "$MODEL" --served-model-name anchor-model --workers 1 \
+    --speedup 1000 --num-gpu-blocks 16384 --max-replicas agg=1 --port "$port" \
+    --nats-port 0 --redis-port 0 --state-dir "$state" "$@" > "$state/up.out" 2>&1 &
+  UP_PID=$!; UP_URL=http://127.0.0.1:$port
+  for _ in $(seq 1 240); do grep -q "jetfleet is up" "$state/up.out" && return; sleep 0.25; done
+  echo "jetfleet up did not start: $state/up.out" >&2; exit 1
 }
-jetfleet_down() { kill -TERM "$JF_HOLD"; wait "$JF_HOLD" || true; }
+up_stop() { kill -INT "$UP_PID"; wait "$UP_PID" || true; }
 
 if [ "$MODE" = short ]; then
   for _ in $(seq 1 "$REPS"); do
-    pid=$(dynamo_up 1 1000 "$MODEL")
-    load dynamo http://127.0.0.1:8000 "$pid" 1 warm
-    for c in 1 16 64; do load dynamo http://127.0.0.1:8000 "$pid" "$c"; done
+    dynamo_up 1 1000 "$MODEL" > /dev/null
+    mapfile -t dyn < "$ANCHOR/run/pids"
+    sitting dynamo http://127.0.0.1:8000 "${dyn[@]}"
     dynamo_down
-    jetfleet_up 1 1000 "$MODEL" 1
-    load jetfleet "$JF_URL" "$JF_PID" 1 warm
-    for c in 1 16 64; do load jetfleet "$JF_URL" "$JF_PID" "$c"; done
-    jetfleet_down
+    up_start --block-size 64
+    sitting jetfleet-up-block64 "$UP_URL" "up=$UP_PID"
+    up_stop
+    up_start
+    sitting jetfleet-up-defaults "$UP_URL" "up=$UP_PID"
+    up_stop
   done
 else
   long_model
   for _ in $(seq 1 "$REPS"); do
-    pid=$(dynamo_up 4 1 "$LONG")
+    dynamo_up 4 1 "$LONG" > /dev/null
+    mapfile -t dyn < "$ANCHOR/run/pids"
     "$PY" -m tests.bench.long_prompts --url http://127.0.0.1:8000 --model anchor-model \
-      --pid "frontend=$pid" --words "$LONG/words.txt" --requests 240 2>&1 >/dev/null | grep '"workload"' | sed 's/^{/{"system": "dynamo", /'
+      $(printf -- '--pid %s ' "${dyn[@]}") --words "$LONG/words.txt" --requests 240 2>&1 >/dev/null | grep '"workload"' | sed 's/^{/{"system": "dynamo", /'
     dynamo_down
     for n in 1 2; do
       "$PY" -m tests.bench.long_prompts --model-dir "$LONG" --model anchor-model \
