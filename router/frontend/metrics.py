@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -16,7 +18,37 @@ _ITL = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0
 _TOKENS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
 
+def observe_many(histogram: Histogram) -> Callable[[float, int], None]:
+    """``histogram.observe(value)`` ``n`` times in one step: the sum and one bucket updated
+    once each (prometheus_client's observe takes a lock per bucket and per sum, per call: at
+    one observation per streamed token, a cost per token). Through the library's own value
+    objects, so multi-process mode holds too; a release without them gets the plain loop."""
+    bounds: Sequence[float] | None = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+
+        def one_by_one(value: float, n: int) -> None:
+            for _ in range(n):
+                histogram.observe(value)
+
+        return one_by_one
+
+    def at_once(value: float, n: int) -> None:
+        total.inc(value * n)
+        buckets[bisect_left(bounds, value)].inc(n)  # the first bound >= value, as observe
+
+    return at_once
+
+
 class FrontendMetrics:
+    def itl_observer(self, model: str) -> Callable[[float, int], None]:
+        """``observe(gap, n)``: ``n`` inter-token gaps for ``model`` (one per model, kept)."""
+        observer = self._itl_observers.get(model)
+        if observer is None:
+            observer = self._itl_observers[model] = observe_many(self.itl.labels(model))
+        return observer
+
     def exposition(self) -> bytes:
         """``/metrics``: this process's metrics, or, when it is one of ``--processes N`` (which
         sets ``PROMETHEUS_MULTIPROC_DIR``), every frontend process's on this port, summed."""
@@ -29,6 +61,7 @@ class FrontendMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_frontend"
         self.registry = registry
+        self._itl_observers: dict[str, Callable[[float, int], None]] = {}
         self.requests = Counter(
             f"{ns}_requests",
             "Requests by endpoint and outcome: ok, error, cancelled, or the refusing HTTP status",

@@ -138,7 +138,7 @@ class Serving:
             lp = LogprobsAsk(
                 sampling.logprobs, sampling.prompt_logprobs, endpoint.chat, served.token_text
             )
-        run = Choices(choices, prompt.length, lp, self.metrics.itl.labels(creq.model).observe)
+        run = Choices(choices, prompt.length, lp, self.metrics.itl_observer(creq.model))
         shape = shape_for(rid, prompt.length)
         await self._run(call, endpoint, creq.model, run, params, shape, accepted)
 

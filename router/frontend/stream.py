@@ -59,14 +59,15 @@ class LogprobsAsk:
 
 
 class Choices:
-    """The choices of one request; ``on_gap(seconds)`` hears each inter-token gap."""
+    """The choices of one request; ``on_gap(seconds, n)`` hears ``n`` inter-token gaps of
+    ``seconds`` each (a chunk of ``n`` tokens spreads its gap over them)."""
 
     def __init__(
         self,
         choices: list[Choice],
         prompt_len: int,
         lp: LogprobsAsk | None,
-        on_gap: Callable[[float], None],
+        on_gap: Callable[[float, int], None],
     ) -> None:
         self.choices = choices
         self.prompt_len = prompt_len
@@ -150,9 +151,7 @@ class Choices:
             c.first_at = now
         else:  # inter-token latency, per token: a chunk's gap spread over its tokens
             n = len(chunk.token_ids)
-            gap = (now - c.last_at) / n
-            for _ in range(n):
-                self.on_gap(gap)
+            self.on_gap((now - c.last_at) / n, n)
         c.last_at = now
 
     @staticmethod
