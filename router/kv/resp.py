@@ -3,10 +3,13 @@
 redis-py's asyncio client spends 150-200 µs of Python per command here (connection pool,
 timeouts, events, observability, pure-Python packing) where a loopback round trip takes ~30 µs,
 and the routing step is one script call per request. ``RespPipe`` keeps one connection and
-pipelines on it: each call is packed by hiredis and written at once, and the replies, which Redis
-sends in request order, resolve the waiting futures in that order (parsed by hiredis). Concurrent
-callers share the connection without waiting for each other; a cancelled caller's reply is read
-and dropped, so the order never slips. Measured: a GET 46 µs p50 instead of 200 µs (uvloop).
+pipelines on it: each call is packed by hiredis and queued, the calls made in one turn of the event
+loop go out in one write at its end (auto-pipelining: one system call for the calls of many
+requests, and on loopback the sender also pays the receiver's side of TCP), and the replies, which
+Redis sends in request order, resolve the waiting futures in that order (parsed by hiredis).
+Concurrent callers share the connection without waiting for each other; a cancelled caller's reply
+is read and dropped, so the order never slips. Measured: a GET 46 µs p50 instead of 200 µs
+(uvloop); 16 calls in one turn 14 µs of CPU each instead of 26 (``SET``, one write instead of 16).
 
 Supported: plain TCP or unix-socket connections with an optional username/password and db —
 what ``base.connect.connect_redis`` builds from ``redis://`` and ``unix://`` URLs — and the
@@ -69,6 +72,7 @@ class _Protocol(asyncio.Protocol):
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
+        self._out: list[bytes] = []  # sent this tick, written together at its end
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -109,9 +113,19 @@ class _Protocol(asyncio.Protocol):
         futs = [loop.create_future() for _ in range(n)]
         for f in futs:  # an error nobody awaits any more (caller cancelled) is not "unretrieved"
             f.add_done_callback(_retrieve)
-        self.transport.write(payload)
+        if not self._out:
+            loop.call_soon(self._write)
+        self._out.append(payload)
         self.waiting.extend(futs)
         return futs
+
+    def _write(self) -> None:
+        """Everything sent since the last write, in one write (one system call for the calls of
+        many requests: on loopback the sender also pays the receiver's side of TCP)."""
+        out, self._out = self._out, []
+        transport = self.transport
+        if out and transport is not None and not transport.is_closing():
+            transport.write(out[0] if len(out) == 1 else b"".join(out))
 
 
 # error replies by their first word, as redis-py classifies them

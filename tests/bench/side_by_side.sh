@@ -12,6 +12,9 @@
 #        before each). cpu_ms_per_req: CPU of every process of the system (Dynamo: its frontend
 #        and mocker; jetfleet: up and everything it started, NATS and Redis included) over the
 #        measured window, per request.
+# tokens: the cost of a streamed token: c=16, 512-token prompts, 16 and then 256 tokens out on
+#        Dynamo and on `jetfleet up --block-size 64`; cpu_ms_per_token is the whole system's CPU per
+#        request at 256 minus at 16, over 240. UP=/path/to/.venv/bin/jetfleet runs another checkout.
 # long:  4 mockers at speedup 1, tests/bench/long_prompts.py (fresh 16k-token prompts and
 #        repeated 12k-token heads, concurrency 12) against Dynamo (--url) and jetfleet with 1
 #        and 2 frontend processes.
@@ -22,6 +25,7 @@ MODE=${1:-short}; REPS=${2:-2}
 ANCHOR_DIR=${ANCHOR_DIR:-../shared/anchors/dynamo}
 ANCHOR=${ANCHOR:-${TMPDIR:-/tmp}/anchor-dynamo}
 PY=${PY:-.venv/bin/python}
+UP=${UP:-.venv/bin/jetfleet}
 MODEL=$ANCHOR/model; LONG=$ANCHOR/model-long
 
 long_model() {  # the anchor's model dir with a 131072-token context
@@ -40,13 +44,14 @@ load() {  # label url concurrency cold|warm name=pid...
   local pids=(); for p in "$@"; do pids+=(--pid "$p"); done
   n=$(( c * 40 > 400 ? c * 40 : 400 )); out=$(mktemp -d)
   python3 "$ANCHOR_DIR/loadgen.py" --url "$url" --model anchor-model --words "$MODEL/words.txt" \
-    --workload fixed --prompt-tokens 512 --max-tokens 64 --concurrency "$c" --requests "$n" \
+    --workload fixed --prompt-tokens 512 --max-tokens "${TOKENS:-64}" --concurrency "$c" --requests "$n" \
     --warmup "$([ "$warm" = cold ] && echo 0 || echo 20)" "${pids[@]}" --out "$out" > /dev/null 2>&1
   python3 - "$label" "$c" "$warm" "$out/summary.json" <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[4]))
 cpu = d["cpu_pct_of_one_core"]
 print(json.dumps({"system": sys.argv[1], "concurrency": int(sys.argv[2]), "phase": sys.argv[3],
+  "output_tokens": d["params"]["max_tokens"],
   "req_per_s": round(d["req_per_s"], 1), "ttft_ms_p50": round(d["ttft_ms"]["p50"], 2),
   "ttft_ms_p99": round(d["ttft_ms"]["p99"], 2), "errors": d["errors"],
   "cpu_ms_per_req": round(10 * sum(cpu.values()) / d["req_per_s"], 3),
@@ -70,7 +75,7 @@ dynamo_down() { (cd "$ANCHOR_DIR" && ./stop_stack.sh > /dev/null 2>&1) || true; 
 up_start() {  # extra up flags... -> sets UP_PID UP_URL (jetfleet up as the README starts it)
   local port state; port=$("$PY" -c "from infra.embedded import free_port; print(free_port())")
   state=$(mktemp -d)
-  .venv/bin/jetfleet up --model "$MODEL" --served-model-name anchor-model --workers 1 \
+  "$UP" up --model "$MODEL" --served-model-name anchor-model --workers 1 \
     --speedup 1000 --num-gpu-blocks 16384 --max-replicas agg=1 --port "$port" \
     --nats-port 0 --redis-port 0 --state-dir "$state" "$@" > "$state/up.out" 2>&1 &
   UP_PID=$!; UP_URL=http://127.0.0.1:$port
@@ -90,6 +95,22 @@ if [ "$MODE" = short ]; then
     up_stop
     up_start
     sitting jetfleet-up-defaults "$UP_URL" "up=$UP_PID"
+    up_stop
+  done
+elif [ "$MODE" = tokens ]; then
+  per_token() {  # label url name=pid...: one JSON line with the CPU a streamed token costs
+    local label=$1 url=$2 a b; shift 2
+    a=$(TOKENS=16 load "$label" "$url" 16 warm "$@"); b=$(TOKENS=256 load "$label" "$url" 16 warm "$@")
+    echo "$a"; echo "$b"
+    python3 -c "import json,sys; a,b=(json.loads(x) for x in sys.argv[2:]); print(json.dumps({'system': sys.argv[1], 'cpu_ms_per_token': round((b['cpu_ms_per_req']-a['cpu_ms_per_req'])/240, 4)}))" "$label" "$a" "$b"
+  }
+  for _ in $(seq 1 "$REPS"); do
+    dynamo_up 1 1000 "$MODEL" > /dev/null
+    mapfile -t dyn < "$ANCHOR/run/pids"
+    per_token dynamo http://127.0.0.1:8000 "${dyn[@]}"
+    dynamo_down
+    up_start --block-size 64
+    per_token jetfleet-up-block64 "$UP_URL" "up=$UP_PID"
     up_stop
   done
 else
