@@ -30,6 +30,10 @@ class WorkerConfig:
     flush_interval_s: float = 0.005  # longest a token waits before it is published (light load)
     max_flush_interval_s: float = 0.02  # ... under a full batch (see WorkerRuntime.flush_interval)
     flush_batch_unit: int = 16  # the window grows by flush_interval_s per this many requests
+    kv_flush_interval_s: float = 0.005  # longest a KV event waits to go out with the next ones
+    # (one message for a prefill's blocks and the decode blocks after it, not one per engine
+    # step: each message costs NATS, the indexer and Redis a round of system calls; routers
+    # cover the delay with their own recent routes, the hints)
     ack_wait_s: float = 10.0  # JetStream redelivers a request not touched for this long (a
     # delivery lost in a NATS failover comes again after it; running ones are touched every third)
     drain_timeout_s: float = 60.0  # SIGTERM: longest wait for in-flight requests

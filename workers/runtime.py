@@ -194,6 +194,7 @@ class WorkerRuntime:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.engine.stop()
+        self._spawn_kv_publish()  # the last events, without waiting for their window
         await self._publish_load()
 
     # ---------------------------------------------------------------- requests in
@@ -453,7 +454,10 @@ class WorkerRuntime:
         self._kv_pending.extend(events)
         if not self._kv_scheduled:
             self._kv_scheduled = True
-            self._loop.call_soon(self._spawn_kv_publish)
+            if self.cfg.kv_flush_interval_s > 0:
+                self._loop.call_later(self.cfg.kv_flush_interval_s, self._spawn_kv_publish)
+            else:
+                self._loop.call_soon(self._spawn_kv_publish)
 
     def _spawn_kv_publish(self) -> None:
         self._kv_scheduled = False

@@ -103,6 +103,7 @@ WORKER = ConfigFlags(
     ),
     Flag("flush_interval_s", "--flush-interval-ms", scale=1000.0),
     Flag("max_flush_interval_s", "--max-flush-interval-ms", scale=1000.0),
+    Flag("kv_flush_interval_s", "--kv-flush-interval-ms", scale=1000.0),
     "heartbeat_interval_s",
     "load_interval_s",
     "ttl_s",
