@@ -278,6 +278,11 @@ def test_up_with_planner_serves_records_decisions_and_stops_cleanly(tmp_path: Pa
         proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     try:
         wait_line(out, r"jetfleet is up", 90, proc)
+        # up is up once its planner is: its start-up no longer competes with the first requests
+        planner = re.search(r"planner (http://[0-9.:]+)/metrics", out.read_text())
+        assert planner, out.read_text()[-3000:]
+        with urllib.request.urlopen(f"{planner.group(1)}/ready", timeout=5) as r:
+            assert r.status == 200
         nats_url = wait_line(out, r"NATS (nats://[0-9.:]+)", 5, proc).group(1)
         wait_http_ok(f"http://127.0.0.1:{port}/ready", 30)
         client = openai_client(f"http://127.0.0.1:{port}", api_key="none", max_retries=2)

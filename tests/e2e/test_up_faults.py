@@ -234,10 +234,11 @@ async def test_32_seeded_streams_survive_a_killed_worker_and_equal_a_calm_rerun(
                 asyncio.create_task(_stream(http, b, progress, i)) for i, b in enumerate(bodies)
             ]
             await wait_for(lambda: min(progress) >= 3, timeout=60)
-            load = {w["worker_id"]: int(w.get("num_running") or 0) for w in up.workers()}
+            rows = up.workers()
+            load = {w["worker_id"]: int(w.get("num_running") or 0) for w in rows}
             victim = max(pids, key=lambda w: load.get(w, 0))  # the busiest: most streams move
             assert max(progress) < max_tokens, "every stream ended before the kill"
-            assert load.get(victim), load
+            assert load.get(victim), rows
             os.kill(int(pids[victim]), signal.SIGKILL)
             killed_at = time.monotonic()
             disturbed = await asyncio.gather(*tasks)
