@@ -227,19 +227,15 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         )
         try:
             _wait_ready(args, group)
+            if args.planner:
+                _start_planner(args, group, common, ops)
+                # up says it is up once the planner is too: its start (a Python process importing
+                # its stack, ~1 s of CPU) would otherwise compete with the first requests (the
+                # first 200 at c=16 measured 230 req/s beside it, 280-300 after)
+                wait_http_ok(f"http://127.0.0.1:{ops['planner']}/ready", 60.0, group)
         except (RuntimeError, TimeoutError) as exc:  # a component died, or never got ready
             _say(f"jetfleet up: {_first_line(exc)} (logs in {group.log_dir})")
             return 1
-        if args.planner:
-            _start_planner(args, group, common, ops)
-            # up says it is up once the planner is too: its start (a Python process importing
-            # its stack, ~1 s of CPU) would otherwise compete with the first requests (the first
-            # 200 at c=16 measured 230 req/s beside it, 280-300 after)
-            try:
-                wait_http_ok(f"http://127.0.0.1:{ops['planner']}/ready", 60.0, group)
-            except (RuntimeError, TimeoutError) as exc:
-                _say(f"jetfleet up: {_first_line(exc)} (logs in {group.log_dir})")
-                return 1
         scaling = ", autoscaled by the planner" if args.planner else ""
         pools = ", ".join(f"{n} {role}" for role, n in _pools(args).items())
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))

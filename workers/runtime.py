@@ -454,10 +454,7 @@ class WorkerRuntime:
         self._kv_pending.extend(events)
         if not self._kv_scheduled:
             self._kv_scheduled = True
-            if self.cfg.kv_flush_interval_s > 0:
-                self._loop.call_later(self.cfg.kv_flush_interval_s, self._spawn_kv_publish)
-            else:
-                self._loop.call_soon(self._spawn_kv_publish)
+            self._loop.call_later(self.cfg.kv_flush_interval_s, self._spawn_kv_publish)
 
     def _spawn_kv_publish(self) -> None:
         self._kv_scheduled = False

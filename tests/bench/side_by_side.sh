@@ -65,10 +65,10 @@ sitting() {  # label url name=pid...: cold c=16, then warm c=1/16/64
   for c in 1 16 64; do load "$label" "$url" "$c" warm "$@"; done
 }
 
-dynamo_up() {  # workers speedup model
+dynamo_up() {  # workers speedup model -> sets DYN (name=pid of each of its processes)
   (cd "$ANCHOR_DIR" && MODEL=$3 MOCKER_ARGS="--num-gpu-blocks-override 16384 --block-size 64" \
     ./start_stack.sh "$1" "$2" kv > /dev/null)
-  grep frontend= "$ANCHOR/run/pids" | cut -d= -f2
+  mapfile -t DYN < "$ANCHOR/run/pids"
 }
 dynamo_down() { (cd "$ANCHOR_DIR" && ./stop_stack.sh > /dev/null 2>&1) || true; }
 
@@ -84,42 +84,39 @@ up_start() {  # extra up flags... -> sets UP_PID UP_URL (jetfleet up as the READ
 }
 up_stop() { kill -INT "$UP_PID"; wait "$UP_PID" || true; }
 
-if [ "$MODE" = short ]; then
-  for _ in $(seq 1 "$REPS"); do
-    dynamo_up 1 1000 "$MODEL" > /dev/null
-    mapfile -t dyn < "$ANCHOR/run/pids"
-    sitting dynamo http://127.0.0.1:8000 "${dyn[@]}"
-    dynamo_down
-    up_start --block-size 64
-    sitting jetfleet-up-block64 "$UP_URL" "up=$UP_PID"
-    up_stop
+each_system() {  # measure [defaults]: `measure label url name=pid...` on Dynamo, on
+  # `up --block-size 64` and, with "defaults", on up's defaults; one system at a time
+  local measure=$1
+  dynamo_up 1 1000 "$MODEL"
+  "$measure" dynamo http://127.0.0.1:8000 "${DYN[@]}"
+  dynamo_down
+  up_start --block-size 64
+  "$measure" jetfleet-up-block64 "$UP_URL" "up=$UP_PID"
+  up_stop
+  if [ "${2:-}" = defaults ]; then
     up_start
-    sitting jetfleet-up-defaults "$UP_URL" "up=$UP_PID"
+    "$measure" jetfleet-up-defaults "$UP_URL" "up=$UP_PID"
     up_stop
-  done
+  fi
+}
+
+per_token() {  # label url name=pid...: one JSON line with the CPU a streamed token costs
+  local label=$1 url=$2 a b; shift 2
+  a=$(TOKENS=16 load "$label" "$url" 16 warm "$@"); b=$(TOKENS=256 load "$label" "$url" 16 warm "$@")
+  echo "$a"; echo "$b"
+  python3 -c "import json,sys; a,b=(json.loads(x) for x in sys.argv[2:]); print(json.dumps({'system': sys.argv[1], 'cpu_ms_per_token': round((b['cpu_ms_per_req']-a['cpu_ms_per_req'])/240, 4)}))" "$label" "$a" "$b"
+}
+
+if [ "$MODE" = short ]; then
+  for _ in $(seq 1 "$REPS"); do each_system sitting defaults; done
 elif [ "$MODE" = tokens ]; then
-  per_token() {  # label url name=pid...: one JSON line with the CPU a streamed token costs
-    local label=$1 url=$2 a b; shift 2
-    a=$(TOKENS=16 load "$label" "$url" 16 warm "$@"); b=$(TOKENS=256 load "$label" "$url" 16 warm "$@")
-    echo "$a"; echo "$b"
-    python3 -c "import json,sys; a,b=(json.loads(x) for x in sys.argv[2:]); print(json.dumps({'system': sys.argv[1], 'cpu_ms_per_token': round((b['cpu_ms_per_req']-a['cpu_ms_per_req'])/240, 4)}))" "$label" "$a" "$b"
-  }
-  for _ in $(seq 1 "$REPS"); do
-    dynamo_up 1 1000 "$MODEL" > /dev/null
-    mapfile -t dyn < "$ANCHOR/run/pids"
-    per_token dynamo http://127.0.0.1:8000 "${dyn[@]}"
-    dynamo_down
-    up_start --block-size 64
-    per_token jetfleet-up-block64 "$UP_URL" "up=$UP_PID"
-    up_stop
-  done
+  for _ in $(seq 1 "$REPS"); do each_system per_token; done
 else
   long_model
   for _ in $(seq 1 "$REPS"); do
-    dynamo_up 4 1 "$LONG" > /dev/null
-    mapfile -t dyn < "$ANCHOR/run/pids"
+    dynamo_up 4 1 "$LONG"
     "$PY" -m tests.bench.long_prompts --url http://127.0.0.1:8000 --model anchor-model \
-      $(printf -- '--pid %s ' "${dyn[@]}") --words "$LONG/words.txt" --requests 240 2>&1 >/dev/null | grep '"workload"' | sed 's/^{/{"system": "dynamo", /'
+      $(printf -- '--pid %s ' "${DYN[@]}") --words "$LONG/words.txt" --requests 240 2>&1 >/dev/null | grep '"workload"' | sed 's/^{/{"system": "dynamo", /'
     dynamo_down
     for n in 1 2; do
       "$PY" -m tests.bench.long_prompts --model-dir "$LONG" --model anchor-model \
