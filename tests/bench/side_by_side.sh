@@ -9,8 +9,9 @@
 #        `jetfleet up` on its defaults (block 16); up keeps its planner, held to the one worker
 #        Dynamo has (--max-replicas agg=1). Each system is measured cold first (c=16 right after
 #        start, no warm-up: what a user meets), then warm at c=1/16/64 (20 unmeasured requests
-#        before each). cpu_ms_per_req: CPU of every process of the system (Dynamo: its frontend
-#        and mocker; jetfleet: up and everything it started, NATS and Redis included) over the
+#        before each); every run sends prompts no run sent before (the same ones to each
+#        system). cpu_ms_per_req: CPU of every process of the system (Dynamo: its frontend and
+#        mocker; jetfleet: up and everything it started, NATS and Redis included) over the
 #        measured window, per request.
 # tokens: the cost of a streamed token: c=16, 512-token prompts, 16 and then 256 tokens out on
 #        Dynamo and on `jetfleet up --block-size 64`; cpu_ms_per_token is the whole system's CPU per
@@ -39,19 +40,24 @@ for name, key in (("config.json", "max_position_embeddings"), ("tokenizer_config
 PYEOF
 }
 
+SITTING=0
 load() {  # label url concurrency cold|warm name=pid...
-  local label=$1 url=$2 c=$3 warm=$4 n out; shift 4
+  local label=$1 url=$2 c=$3 warm=$4 n out seed; shift 4
   local pids=(); for p in "$@"; do pids+=(--pid "$p"); done
   n=$(( c * 40 > 400 ? c * 40 : 400 )); out=$(mktemp -d)
+  # fresh prompts in every run (loadgen's default seed repeats them: a run after the first then
+  # meets prompts the fleet has tokenized and cached, and "cold" would differ from "warm" by
+  # that, not by warmth); the same prompts for every system of a sitting
+  seed=$(( SITTING * 1000000 + c * 1000 + ${TOKENS:-64} + ($([ "$warm" = cold ] && echo 500 || echo 0)) ))
   python3 "$ANCHOR_DIR/loadgen.py" --url "$url" --model anchor-model --words "$MODEL/words.txt" \
     --workload fixed --prompt-tokens 512 --max-tokens "${TOKENS:-64}" --concurrency "$c" --requests "$n" \
-    --warmup "$([ "$warm" = cold ] && echo 0 || echo 20)" "${pids[@]}" --out "$out" > /dev/null 2>&1
-  python3 - "$label" "$c" "$warm" "$out/summary.json" <<'PYEOF'
+    --warmup "$([ "$warm" = cold ] && echo 0 || echo 20)" --seed "$seed" "${pids[@]}" --out "$out" > /dev/null 2>&1
+  python3 - "$label" "$c" "$warm" "$out/summary.json" "$seed" <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[4]))
 cpu = d["cpu_pct_of_one_core"]
 print(json.dumps({"system": sys.argv[1], "concurrency": int(sys.argv[2]), "phase": sys.argv[3],
-  "output_tokens": d["params"]["max_tokens"],
+  "seed": int(sys.argv[5]), "output_tokens": d["params"]["max_tokens"],
   "req_per_s": round(d["req_per_s"], 1), "ttft_ms_p50": round(d["ttft_ms"]["p50"], 2),
   "ttft_ms_p99": round(d["ttft_ms"]["p99"], 2), "errors": d["errors"],
   "cpu_ms_per_req": round(10 * sum(cpu.values()) / d["req_per_s"], 3),
@@ -108,9 +114,9 @@ per_token() {  # label url name=pid...: one JSON line with the CPU a streamed to
 }
 
 if [ "$MODE" = short ]; then
-  for _ in $(seq 1 "$REPS"); do each_system sitting defaults; done
+  for SITTING in $(seq 1 "$REPS"); do each_system sitting defaults; done
 elif [ "$MODE" = tokens ]; then
-  for _ in $(seq 1 "$REPS"); do each_system per_token; done
+  for SITTING in $(seq 1 "$REPS"); do each_system per_token; done
 else
   long_model
   for _ in $(seq 1 "$REPS"); do
