@@ -42,7 +42,12 @@ MOCKER = ConfigFlags(
         "pages in multiples of 32)",
     ),
     "max_num_seqs",
-    "max_num_batched_tokens",
+    Flag(
+        "max_num_batched_tokens",
+        default=None,
+        help="prompt tokens one engine step takes (default: the engine's own: the mocker's "
+        "8192, vLLM's for its platform, 2048 on a CPU)",
+    ),
     Flag("enable_prefix_caching", "--prefix-caching"),
     Flag("enable_chunked_prefill", "--chunked-prefill"),
     Flag("speedup", help="mocker: divisor of simulated time (1 = real time)"),

@@ -85,7 +85,7 @@ class _Spec:
     default: Any  # in flag units
     scale: float
     help: str
-    omit_unset: bool  # unset leaves the field to the config (generated) or to the command
+    omit_unset: bool  # unset leaves the field to the config (its default) or to the command
 
 
 def _strip_optional(tp: Any) -> tuple[Any, bool]:
@@ -123,7 +123,8 @@ class ConfigFlags(Generic[C]):
                 default = default * flag.scale if flag.scale != 1.0 else default
             kind, _ = _strip_optional(hints[flag.field])
             text = flag.help or docs.get(flag.field, "")
-            omit_unset = default is None and f.default is _MISSING
+            # unset and no default of the flag's own: the config's default (or the command's)
+            omit_unset = default is None
             self.specs.append(
                 _Spec(
                     flag.field,

@@ -60,6 +60,18 @@ def test_shared_fields_feed_every_config_that_declares_them() -> None:
     assert (MOCKER.build(args).block_size, MOCKER.build(args).max_num_seqs) == (32, 8)
 
 
+def test_a_shared_flag_left_unset_gives_each_engine_its_own_default() -> None:
+    """vLLM picks its step budget by platform (2,048 tokens on a CPU, as its own server); the
+    mocker's 8,192 once reached vLLM through the shared flag, and a CPU step prefilling 8k
+    tokens kept every other request's first token waiting behind it."""
+    args = parse("worker", "--engine", "vllm")
+    assert VLLM.build(args, model="/m").max_num_batched_tokens is None  # vLLM's own default
+    assert MOCKER.build(args).max_num_batched_tokens == MockerConfig().max_num_batched_tokens
+    given = parse("up", "--engine", "vllm", "--model", "/m", "--max-num-batched-tokens", "8192")
+    child = parse("worker", *engine_argv(given))  # the mocker's default value, passed on still
+    assert VLLM.build(child, model="/m").max_num_batched_tokens == 8192
+
+
 def test_argv_reproduces_the_arguments_in_a_child_process() -> None:
     up = parse(
         "up", "--speedup", "20", "--no-prefix-caching", "--model", "/tmp/m",

@@ -347,7 +347,7 @@ def _text(release: str, name: str) -> ast.Module:
 
 # AsyncLLM methods the adapter calls, with the parameters it passes by name.
 ASYNC_LLM_CALLS = {
-    "from_engine_args": {"stat_loggers"},
+    "from_engine_args": {"stat_loggers", "usage_context"},
     "generate": {"prompt", "sampling_params", "request_id", "lora_request"},
     "encode": {"lora_request"},  # and (prompt, pooling_params, request_id) by position
     "abort": set(),
