@@ -147,11 +147,14 @@ def test_without_an_owner_the_plugin_does_nothing() -> None:
     assert out.stdout.strip() == "1"  # no watcher thread started
 
 
-def test_up_leaves_the_fleet_a_core_and_shares_the_rest() -> None:
+def test_up_shares_the_cores_out_and_keeps_one_for_the_fleet_from_four_on() -> None:
     from workers.engines.vllm.platform import fleet_cpu_threads
 
-    assert fleet_cpu_threads(2, 1) == 1
-    assert fleet_cpu_threads(2, 2) == 1  # at least one each, even when oversubscribed
+    assert fleet_cpu_threads(2, 1) == 2  # a real model needs both more than the fleet needs one
+    assert fleet_cpu_threads(2, 2) == 1
+    assert fleet_cpu_threads(3, 2) == 1  # at least one each, even when oversubscribed
+    assert fleet_cpu_threads(3, 5) == 1
+    assert fleet_cpu_threads(4, 1) == 3
     assert fleet_cpu_threads(8, 1) == 7
     assert fleet_cpu_threads(8, 2) == 3
     assert fleet_cpu_threads(1, 1) == 1

@@ -12,12 +12,14 @@ on a laptop:
 - ``VLLM_CPU_OMP_THREADS_BIND``: ``nobind`` (the OS places the threads; binding made vLLM's
   start fail here and gains little when several workers share a machine);
 - ``OMP_NUM_THREADS``: ``cpu_threads``, default every core this process may use; ``jetfleet up``
-  gives each of its workers its share of all cores but one (``fleet_cpu_threads``): the fleet's
-  own processes (frontend, NATS, Redis, router) wake on every token and would otherwise take a
-  core from an OpenMP thread its partner waits for. Measured here (one tiny-Llama worker under
-  ``up``, 2 cores, the real-engine benchmark, two sittings, req/s at concurrency 1 / 4 / 16):
-  two threads 6.8 and 4.5 / 14.6 and 18.5 / 33.3 and 37.5, one thread 7.7 and 7.5 / 20.0 and
-  18.8 / 38.9 and 35.6, vLLM's own server alone 6.1 and 7.1 / 19.1 and 21.6 / 38.6 and 34.2;
+  gives each of its workers its share of the cores (``fleet_cpu_threads``), keeping one for the
+  fleet's own processes (frontend, NATS, Redis, router: they wake on every token and take a core
+  from an OpenMP thread its partner waits for) from 4 cores on. Below that a real model needs
+  the core more than the fleet does. Measured here, 2 cores, one worker under ``up``, the
+  real-engine benchmark, req/s at concurrency 1 / 4 / 16: SmolLM2-135M with two threads 0.44 /
+  0.91 / 1.51 (TTFT p50 0.48 / 1.9 / 6.8 s), with one 0.43 / 0.80 / 0.92 (0.74 / 2.8 / 12.8 s);
+  the tiny Llama, whose steps cost less than the fleet's hops, the other way round: two threads
+  6.8 and 4.5 / 14.6 and 18.5 / 33.3 and 37.5, one 7.7 and 7.5 / 20.0 and 18.8 / 38.9 and 35.6;
 - ``OMP_WAIT_POLICY``: ``PASSIVE``. OpenMP threads spin at each barrier by default; in a fleet
   they share the cores with the worker, the frontend, NATS and Redis, and a spinning thread whose
   partner was descheduled burns its core while the step stalls. Measured here (one tiny-Llama
@@ -43,10 +45,15 @@ from workers.engines.vllm.config import VllmEngineConfig
 DEFAULT_KV_CACHE_GIB = 1
 
 
+FLEET_CORE_FROM = 4  # hosts with this many cores keep one for the fleet's own processes
+
+
 def fleet_cpu_threads(cores: int, engines: int) -> int:
     """OpenMP threads for each of ``engines`` CPU engines sharing ``cores`` with the rest of a
-    fleet on one host (``jetfleet up``): all cores but one, shared out, at least one each."""
-    return max(1, (cores - 1) // max(1, engines))
+    fleet on one host (``jetfleet up``): every core shared out, less one for the fleet from
+    ``FLEET_CORE_FROM`` cores on (the engines then keep at least three), at least one each."""
+    spare = 1 if cores >= FLEET_CORE_FROM else 0
+    return max(1, (cores - spare) // max(1, engines))
 
 
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (cpuinfo flags), Arm (Features)
