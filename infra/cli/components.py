@@ -85,7 +85,11 @@ VLLM = ConfigFlags(
     "kv_offloading_size",
     "kv_offloading_backend",
     Flag("cpu_kv_cache_gib", help="CPU build: KV cache in whole GiB (default: 1)"),
-    Flag("cpu_threads", help="CPU build: model threads (default: all cores; up: all but one)"),
+    Flag(
+        "cpu_threads",
+        help="CPU build: model threads (default: all cores; up: the cores shared out among the "
+        "workers it starts with, less one for the fleet from 4 cores on)",
+    ),
     title="vLLM engine (--engine vllm; bash infra/bootstrap.sh vllm sets it up)",
 )
 # tokens per KV block when --block-size is not given: vLLM's CPU build needs a multiple of 32

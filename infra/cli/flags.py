@@ -155,7 +155,8 @@ class ConfigFlags(Generic[C]):
     # --- arguments -> config / argv -----------------------------------------------------------
 
     def values(self, args: argparse.Namespace) -> dict[str, Any]:
-        """The fields given by ``args`` (a flag left unset on a generated field is omitted)."""
+        """The fields given by ``args`` (a flag left unset that has no default of its own is
+        omitted: the config's default, or a generated value, applies)."""
         out: dict[str, Any] = {}
         for spec in self.specs:
             value = getattr(args, spec.dest, None)

@@ -152,8 +152,9 @@ def test_up_shares_the_cores_out_and_keeps_one_for_the_fleet_from_four_on() -> N
 
     assert fleet_cpu_threads(2, 1) == 2  # a real model needs both more than the fleet needs one
     assert fleet_cpu_threads(2, 2) == 1
-    assert fleet_cpu_threads(3, 2) == 1  # at least one each, even when oversubscribed
-    assert fleet_cpu_threads(3, 5) == 1
+    assert fleet_cpu_threads(3, 1) == 3  # below 4 cores none is kept back
+    assert fleet_cpu_threads(3, 2) == 1
+    assert fleet_cpu_threads(3, 5) == 1  # at least one each, even when oversubscribed
     assert fleet_cpu_threads(4, 1) == 3
     assert fleet_cpu_threads(8, 1) == 7
     assert fleet_cpu_threads(8, 2) == 3
