@@ -64,7 +64,7 @@ MOCKER = ConfigFlags(
 VLLM = ConfigFlags(
     VllmEngineConfig,
     Flag("model", "--vllm-model", help="weights: HF id or dir (default: --model)"),
-    "block_size",
+    Flag("block_size", default=None),  # the mocker's flag: resolved by engine
     "max_num_seqs",
     "max_num_batched_tokens",
     "tensor_parallel_size",

@@ -141,16 +141,22 @@ class ConfigFlags(Generic[C]):
     # --- parser -------------------------------------------------------------------------------
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
-        """Add the flags (a flag already on ``parser``, declared by another set, is kept)."""
+        """Add the flags (a flag already on ``parser``, declared by another set, is kept: both
+        sets then read its value, so their defaults must agree; where the configs' defaults
+        differ, declare the flag with ``default=None`` and each config keeps its own)."""
         target: argparse.ArgumentParser | argparse._ArgumentGroup = parser
         if self.title:  # one group per title: several sets may fill it
             same = [g for g in parser._action_groups if g.title == self.title]
             target = same[0] if same else parser.add_argument_group(self.title)
-        known = set(parser._option_string_actions)
+        known = parser._option_string_actions
         for spec in self.specs:
-            if spec.flag in known:
-                continue
-            _add(target, spec)
+            if spec.flag not in known:
+                _add(target, spec)
+            elif known[spec.flag].default != spec.default:
+                raise ValueError(
+                    f"{spec.flag}: default {known[spec.flag].default!r} declared by another set, "
+                    f"{spec.default!r} by {self.cls.__name__}"
+                )
 
     # --- arguments -> config / argv -----------------------------------------------------------
 

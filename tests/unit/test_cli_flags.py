@@ -138,6 +138,29 @@ def test_a_declared_field_must_exist() -> None:
         ConfigFlags(MockerConfig, Flag("no_such_field"))
 
 
+def test_a_flag_two_sets_share_must_have_one_default() -> None:
+    """Both sets read a shared flag's value: a default of one set's would reach the other's
+    config (the mocker's 8,192 prompt tokens a step once reached vLLM this way)."""
+
+    @dataclasses.dataclass
+    class Small:
+        max_num_batched_tokens: int = 2048
+
+    parser = argparse.ArgumentParser()
+    ConfigFlags(MockerConfig, "max_num_batched_tokens").add_to(parser)
+    with pytest.raises(ValueError, match="--max-num-batched-tokens"):
+        ConfigFlags(Small, "max_num_batched_tokens").add_to(parser)
+    agreed = argparse.ArgumentParser()
+    for cls in (MockerConfig, Small):  # no default of the flag's own: each config keeps its own
+        ConfigFlags(cls, Flag("max_num_batched_tokens", default=None)).add_to(agreed)
+    assert (
+        ConfigFlags(Small, Flag("max_num_batched_tokens", default=None)).build(
+            agreed.parse_args([])
+        )
+        == Small()
+    )
+
+
 def test_every_indexer_field_but_the_wiring_is_a_flag() -> None:
     names = {s.field for s in INDEXER.specs}
     wiring = {"nats_url", "redis_url", "subjects", "indexer_id"}
