@@ -13,7 +13,8 @@
 - the request message is kept in progress while it generates and acked when it ends; a redelivered
   message of a request already running or recently finished changes nothing;
 - cancels (core NATS) abort the request in the engine; control ops answer on fleet.ctl.{worker}.*;
-- KV events and periodic ``WorkerLoad`` reports are published; registration is heartbeated;
+- KV events and ``WorkerLoad`` reports are published (every ``load_interval_s`` while the load
+  changes, every ``load_keepalive_s`` while it does not); registration is heartbeated;
 - SIGTERM drains: status "draining", stop pulling, finish in-flight work, deregister, exit;
 - an engine that dies (``EngineHooks.failed``) makes the worker leave at once: ``failure`` is
   set, the stop is requested, and the worker deregisters before anything else, without ending
@@ -30,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -47,6 +49,7 @@ from schemas import (
     Request,
     TokenChunk,
     WireDecodeError,
+    WorkerLoad,
     decode,
     encode,
 )
@@ -115,6 +118,8 @@ class WorkerRuntime:
         self._kv_pending: list[KvCacheEvent] = []
         self._kv_scheduled = False
         self._reported_prefill = False  # the last load report counted prompts still to prefill
+        self._last_load: WorkerLoad | None = None  # the last report sent, its ts_s zeroed
+        self._last_load_at = 0.0
         self._recent = RecentChunks()  # published again after a NATS reconnect
         self._loop = asyncio.get_running_loop()
         self.failure: str | None = None  # why the engine died, if it did
@@ -195,7 +200,7 @@ class WorkerRuntime:
                 await t
         await self.engine.stop()
         self._spawn_kv_publish()  # the last events, without waiting for their window
-        await self._publish_load()
+        await self._publish_load(force=True)
 
     # ---------------------------------------------------------------- requests in
     async def _on_request_msg(self, msg: Msg) -> None:
@@ -498,11 +503,23 @@ class WorkerRuntime:
         except Exception as exc:
             self.log.warning("load_publish_failed", error=str(exc))
 
-    async def _publish_load(self) -> None:
+    async def _publish_load(self, force: bool = False) -> None:
+        """Report the engine's load when it changed since the last report, else only every
+        ``load_keepalive_s`` (an idle fleet sent four identical reports a second per worker,
+        each stored and fanned out to every router and the planner); ``force``: always."""
         load = self.engine.load()
-        self._reported_prefill = load.active_prefill_tokens > 0 or load.num_waiting > 0
         self.metrics.observe_load(load)
         report = self.registry.load_report(load)
+        now = time.monotonic()
+        content = msgspec.structs.replace(report, ts_s=0.0)
+        if (
+            not force
+            and content == self._last_load
+            and now - self._last_load_at < self.cfg.load_keepalive_s
+        ):
+            return
+        self._last_load, self._last_load_at = content, now
+        self._reported_prefill = load.active_prefill_tokens > 0 or load.num_waiting > 0
         await self.nc.publish(
             self.subjects.metrics(self.cfg.model_name, self.cfg.role, self.cfg.worker_id),
             encode(report),

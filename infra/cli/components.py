@@ -115,6 +115,7 @@ WORKER = ConfigFlags(
     Flag("kv_flush_interval_s", "--kv-flush-interval-ms", scale=1000.0),
     "heartbeat_interval_s",
     "load_interval_s",
+    "load_keepalive_s",
     "ttl_s",
     "ack_wait_s",
     "drain_timeout_s",

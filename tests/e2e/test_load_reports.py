@@ -5,6 +5,7 @@ report of the previous prompt's prefill made the worker holding the prefix look 
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import nats
@@ -21,6 +22,13 @@ pytestmark = pytest.mark.integration
 M = "jetfleet-tiny"
 
 
+async def _registered(fleet: Fleet, worker: str) -> bool:
+    try:
+        return await _has(fleet, worker)
+    except Exception:  # the worker has not made its bucket yet
+        return False
+
+
 async def test_a_prefill_that_ends_is_reported_before_its_first_token(
     nats_server, tmp_path
 ) -> None:
@@ -34,14 +42,7 @@ async def test_a_prefill_that_ends_is_reported_before_its_first_token(
     seen: list[WorkerLoad | TokenChunk] = []
     try:
         worker = fleet.add_worker()
-
-        async def registered() -> bool:
-            try:
-                return await _has(fleet, worker)
-            except Exception:  # the worker has not made its bucket yet
-                return False
-
-        await wait_for(registered, timeout=30)
+        await wait_for(lambda: _registered(fleet, worker), timeout=30)
 
         async def on_load(msg) -> None:
             seen.append(decode(msg.data, WorkerLoad))
@@ -77,6 +78,43 @@ async def test_a_prefill_that_ends_is_reported_before_its_first_token(
         loads_before_first = [m for m in seen[:first] if isinstance(m, WorkerLoad)]
         assert any(m.active_prefill_tokens > 0 for m in loads_before_first), seen  # counted
         assert loads_before_first[-1].active_prefill_tokens == 0, seen  # and then not
+    finally:
+        await nc.close()
+        fleet.stop()
+
+
+async def test_an_unchanged_load_is_reported_only_every_keepalive(nats_server, tmp_path) -> None:
+    """Idle, a worker checks its load every 20 ms but sends the same report again only every
+    0.5 s (routers still see it alive); a request's load goes out at the next check."""
+    args = ("--load-interval", "0.02", "--load-keepalive", "0.5")
+    fleet = Fleet(nats_server.url, tmp_path, worker_args=args)
+    subjects = Subjects(fleet.prefix)
+    nc = await nats.connect(fleet.nats_url)
+    loads: list[tuple[float, WorkerLoad]] = []
+    try:
+        worker = fleet.add_worker()
+        await wait_for(lambda: _registered(fleet, worker), timeout=30)
+
+        async def on_load(msg) -> None:
+            loads.append((time.monotonic(), decode(msg.data, WorkerLoad)))
+
+        await nc.subscribe(subjects.metrics(M, "agg", worker), cb=on_load)
+        await nc.flush()
+        await wait_for(lambda: len(loads) >= 1, timeout=10)
+        start = loads[0][0]
+        await wait_for(lambda: loads[-1][0] - start >= 1.9, timeout=10)  # ~2 s of idle reports
+        idle = [t for t, _ in loads if t - start < 1.9]
+        assert 3 <= len(idle) <= 6, [round(t - start, 3) for t in idle]  # 95 at one per check
+        steps = loads[-1][1].steps_total
+
+        rid = f"busy-{uuid.uuid4().hex[:8]}"
+        req = Request(rid, M, tuple(range(40)), SamplingParams(max_tokens=8, ignore_eos=True))
+        sent = time.monotonic()
+        await nc.jetstream().publish(
+            subjects.req_worker(M, worker), encode(req), headers={"Nats-Msg-Id": rid}
+        )
+        await wait_for(lambda: loads[-1][1].steps_total > steps, timeout=10)
+        assert loads[-1][0] - sent < 0.4, "a changed load waited for the keepalive"
     finally:
         await nc.close()
         fleet.stop()
