@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # jetfleet and NVIDIA Dynamo 1.6.1, one after the other on this machine, same client, same model.
 #
-#   ANCHOR_DIR=../shared/anchors/dynamo bash tests/bench/side_by_side.sh short|long [REPS]
+#   ANCHOR_DIR=../shared/anchors/dynamo bash tests/bench/side_by_side.sh short|tokens|long|trace [REPS]
 #
 # short: 1 mocker at speedup 1000, 512-token prompts, 64 streamed tokens, the anchor's load
 #        client (loadgen.py). Per sitting, one system after the other: Dynamo (its default block
@@ -19,6 +19,10 @@
 # long:  4 mockers at speedup 1, tests/bench/long_prompts.py (fresh 16k-token prompts and
 #        repeated 12k-token heads, concurrency 12) against Dynamo (--url) and jetfleet with 1
 #        and 2 frontend processes.
+# trace: 4 mockers at speedup 1, tests/bench/trace_replay.py (a production trace replayed open
+#        loop at its own arrival times, long raw prompts sharing prefixes) against Dynamo (--url)
+#        and jetfleet; TRACE=path to Mooncake's conversation_trace.jsonl (see docs/benchmarks.md),
+#        SECONDS_OF_TRACE=the trace's first seconds (150).
 # Needs the anchor installed ($ANCHOR_DIR/install.sh, make_model.py). Prints one JSON line a run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -117,6 +121,19 @@ if [ "$MODE" = short ]; then
   for SITTING in $(seq 1 "$REPS"); do each_system sitting defaults; done
 elif [ "$MODE" = tokens ]; then
   for SITTING in $(seq 1 "$REPS"); do each_system per_token; done
+elif [ "$MODE" = trace ]; then
+  long_model
+  summary() {  # label: the replay's JSON document (stdin) -> one line
+    python3 -c "import json,sys; d=json.load(sys.stdin); d.pop('args', None); d['system']=sys.argv[1]; print(json.dumps(d))" "$1"
+  }
+  replay=("$PY" -m tests.bench.trace_replay --trace "${TRACE:?TRACE=conversation_trace.jsonl}"
+    --seconds "${SECONDS_OF_TRACE:-150}" --words "$LONG/words.txt" --model anchor-model)
+  for _ in $(seq 1 "$REPS"); do
+    dynamo_up 4 1 "$LONG"
+    "${replay[@]}" --url http://127.0.0.1:8000 $(printf -- '--pid %s ' "${DYN[@]}") 2>/dev/null | summary dynamo
+    dynamo_down
+    "${replay[@]}" --model-dir "$LONG" 2>/dev/null | summary jetfleet
+  done
 else
   long_model
   for _ in $(seq 1 "$REPS"); do
