@@ -123,8 +123,8 @@ elif [ "$MODE" = tokens ]; then
   for SITTING in $(seq 1 "$REPS"); do each_system per_token; done
 elif [ "$MODE" = trace ]; then
   long_model
-  summary() {  # label: the replay's JSON document (stdin) -> one line
-    python3 -c "import json,sys; d=json.load(sys.stdin); d.pop('args', None); d['system']=sys.argv[1]; print(json.dumps(d))" "$1"
+  summary() {  # label: the replay's JSON line (stdin, after what the fleet printed) -> one line
+    python3 -c "import json,sys; d=json.loads([l for l in sys.stdin if l.startswith('{')][-1]); d['system']=sys.argv[1]; print(json.dumps(d))" "$1"
   }
   replay=("$PY" -m tests.bench.trace_replay --trace "${TRACE:?TRACE=conversation_trace.jsonl}"
     --seconds "${SECONDS_OF_TRACE:-150}" --words "$LONG/words.txt" --model anchor-model)
