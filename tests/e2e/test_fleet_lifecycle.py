@@ -111,10 +111,13 @@ async def test_client_disconnect_cancels_generation(slow_fleet):
 
 async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
     async with Observations(slow_fleet) as obs, httpx.AsyncClient(timeout=60) as client:
+        # 1,200 tokens (~7 s at speedup 1): the serving worker is looked up after the third
+        # token, and on a loaded machine that lookup took longer than a 400-token answer (the
+        # request had ended when the kill came: attempts 1)
         body = {
             "model": M,
             "prompt": "migrate me",
-            "max_tokens": 400,
+            "max_tokens": 1200,
             "stream": True,
             "seed": 2,
             "stream_options": {"include_usage": True},
@@ -133,7 +136,7 @@ async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
                     serving = await _serving_worker(slow_fleet)
                     slow_fleet.kill(serving)
         await wait_for(lambda: len(obs.items) >= 1, timeout=10)
-    assert usage is not None and usage["completion_tokens"] == 400
+    assert usage is not None and usage["completion_tokens"] == body["max_tokens"]
     assert obs.items[-1].attempts == 2 and obs.items[-1].status == "ok"
     async with httpx.AsyncClient(timeout=60) as client:  # the same seed, undisturbed
         calm = await client.post(
@@ -155,7 +158,9 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
         f.add_worker()
         f.start_frontend("--router", "round-robin", "--stall-timeout", "1")
         await wait_for(lambda: _count(f, 2), timeout=20)
-        body = {"model": M, "prompt": "hang", "max_tokens": 200, "stream": True, "seed": 5}
+        # 1,000 tokens (~6 s at speedup 1): long enough that the serving worker is found busy
+        # after the third token on a loaded machine too
+        body = {"model": M, "prompt": "hang", "max_tokens": 1000, "stream": True, "seed": 5}
         body["stream_options"] = {"include_usage": True}
         usage, n_text, started = None, 0, time.monotonic()
         async with Observations(f) as obs, httpx.AsyncClient(timeout=30) as client:
@@ -169,7 +174,7 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
                         stopped = proc.pid
                         os.kill(stopped, signal.SIGSTOP)
             await wait_for(lambda: len(obs.items) >= 1, timeout=10)
-        assert usage is not None and usage["completion_tokens"] == 200
+        assert usage is not None and usage["completion_tokens"] == body["max_tokens"]
         assert obs.items[-1].attempts == 2 and obs.items[-1].status == "ok"
         assert await _has(f, serving)  # still registered: only the stall timeout moved it
         assert time.monotonic() - started < 25

@@ -112,7 +112,7 @@ async def test_a_worker_killed_mid_stream_loses_no_token(real_fleet: Up, kill: s
     # the worker is gone too (it left when its engine died), with every process vLLM started
     # under it; up starts it again: the fleet is whole for the tests after this one. (Bounds
     # for a loaded CI machine: the worker's exit closes vLLM's client side first.)
-    await wait_for(lambda: not alive(victim["pid"]), timeout=30)
+    await wait_for(lambda: not alive(victim["pid"]), timeout=60)
     left = [pid for pid in engines if alive(pid)]
     try:
         await wait_for(lambda: not any(alive(pid) for pid in engines), timeout=20)
