@@ -144,7 +144,9 @@ async def test_a_stalled_prefill_worker_falls_back_to_a_local_prefill(disagg) ->
     try:
         started = time.monotonic()
         obs = await _observations(fleet, 1, lambda: _chat(remote, seed=9))
-        assert obs[0].disagg == "local" and obs[0].disagg_reason == "prefill_timeout"
+        # timed out, or (on a loaded machine) ended first by the stalled worker's departure
+        assert obs[0].disagg == "local"
+        assert obs[0].disagg_reason in ("prefill_timeout", "prefill_failed"), obs[0]
         assert obs[0].status == "ok" and obs[0].osl_tokens == 12
         assert time.monotonic() - started < 15
     finally:
