@@ -44,11 +44,12 @@ def test_decode_ms(usage: float, ms: float) -> None:
         ([], False, 0.5, 0.0),
         ([], True, 0.5, decode_ms(0.5)),
         ([100], False, 0.2, prefill_ms(100)),
-        ([100, 50], True, 0.2, prefill_ms(100) + prefill_ms(50) + decode_ms(0.2)),
+        ([100, 50], True, 0.2, prefill_ms(150) + decode_ms(0.2)),  # one pass: one constant
+        ([512] * 15, True, 0.0, prefill_ms(7680) + decode_ms(0.0)),  # Dynamo 1.6.1: ~163 ms
         ([0], True, 0.0, decode_ms(0.0)),
     ],
 )
-def test_step_ms_combines_per_sequence_prefill_and_one_decode(
+def test_step_ms_prices_the_pass_prefill_once_and_one_decode(
     chunks: list[int], sampled: bool, usage: float, ms: float
 ) -> None:
     assert step_ms(chunks, sampled, usage) == pytest.approx(ms)
@@ -61,7 +62,7 @@ def test_scheduler_step_uses_the_model() -> None:
     first = sched.step()  # both prefill completely, both sample their first token
     usage = (10 + 3) / 100  # ceil(39/4) + ceil(10/4) blocks
     assert first.num_prefill_tokens == 49
-    assert first.simulated_ms == pytest.approx(prefill_ms(39) + prefill_ms(10) + decode_ms(usage))
+    assert first.simulated_ms == pytest.approx(prefill_ms(49) + decode_ms(usage))
     second = sched.step()  # decode only: one token each, no new block needed
     assert second.num_prefill_tokens == 0 and second.num_decode_seqs == 2
     assert second.simulated_ms == pytest.approx(decode_ms(usage))
