@@ -207,9 +207,24 @@ async def _short_on_prefill_long_split(
         r = openai_client(url).completions.create(model=MODEL, prompt=prompt, max_tokens=8, seed=1)
         assert r.usage is not None and r.usage.completion_tokens == 8
 
-    busy = threading.Thread(  # a long generation keeps the decode worker loaded
-        target=lambda: _chat(remote, max_tokens=600, seed=21, stream=True), daemon=True
-    )
+    done = threading.Event()
+
+    def keep_decoding() -> None:
+        """A generation long enough to outlast the test on a loaded machine (4,000 tokens at
+        ~6 ms each), closed once the test has its placements (the frontend then cancels it)."""
+        chunks = openai_client(remote).chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": LONG}],
+            max_tokens=4000,
+            seed=21,
+            stream=True,
+        )
+        with chunks:
+            for _ in chunks:
+                if done.is_set():
+                    break
+
+    busy = threading.Thread(target=keep_decoding, daemon=True)
     busy.start()
     try:
         # loaded enough that its cost is clearly the higher one (early in the stream the
@@ -221,13 +236,14 @@ async def _short_on_prefill_long_split(
             complete(both, f"{time.time_ns()} Five quacking zephyrs jolt my wax bed. " * 70)
             complete(decode_only, f"short and fresh {time.time_ns()}")
 
-        # the busy stream (placed by the "always" frontend) may end in the middle: wait for
+        # the busy stream (placed by the "always" frontend) is observed when it ends: wait for
         # the three of this test by what they are, not for any three
         def mine(o: RequestObservation) -> bool:
             return o.isl_tokens < 100 or o.disagg_reason != "policy_always"
 
         obs = await _observations(fleet, 3, run, keep=mine)
     finally:
+        done.set()
         busy.join(60)
     short, kept = sorted((o for o in obs if o.isl_tokens < 100), key=lambda o: o.ts_s)
     (long,) = [o for o in obs if o.isl_tokens > 1000]
