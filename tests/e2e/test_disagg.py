@@ -301,7 +301,9 @@ async def test_nats_clients_get_the_first_token_through_the_router_service(disag
         req = Request("nats-1", MODEL, prompt, SamplingParams(max_tokens=10, seed=3))
         await nc.jetstream().publish(f"{fleet.prefix}.submit.{MODEL}", encode(req))
         while not chunks or chunks[-1].finish_reason is None:
-            msg = await sub.next_msg(timeout=15)
+            # the first chunk waits for the router service's start (a process, on a loaded
+            # machine), as in tests/e2e/test_nats_client.py
+            msg = await sub.next_msg(timeout=30)
             chunks.append(decode(msg.data, TokenChunk))
         await wait_for(lambda: any(o.request_id == "nats-1" for o in obs), timeout=10)
     finally:
@@ -381,15 +383,21 @@ def _served_roles(f: Fleet) -> list[str]:
 
 
 def _chat_and_kill(f: Fleet, url: str, decoders: list[str]) -> None:
-    """One request; 1 s in (its prefill done, its KV still arriving) kill -9 every decode worker
-    that has a request running (the one pulling)."""
+    """One request; once a decode worker has started it (its prefill done, its KV arriving for
+    ~4 s), kill -9 that worker half a second into the pull. (Waited for, not a fixed second: on
+    a loaded machine the request could reach the decode worker after it, and nothing was
+    killed.)"""
 
     def kill_the_busy_one() -> None:
-        time.sleep(1.0)
-        for worker_id in decoders:
-            name = worker_id.removeprefix(f"{f.prefix}-")
-            if '"request_started"' in f.log(name):
-                f.kill(worker_id)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for worker_id in decoders:
+                name = worker_id.removeprefix(f"{f.prefix}-")
+                if '"request_started"' in f.log(name):
+                    time.sleep(0.5)
+                    f.kill(worker_id)
+                    return
+            time.sleep(0.05)
 
     threading.Thread(target=kill_the_busy_one, daemon=True).start()
     _chat(url, messages=[{"role": "user", "content": "Mid-transfer death. " * 150}])

@@ -103,8 +103,9 @@ async def test_client_disconnect_cancels_generation(slow_fleet):
             return all(w.get("num_running") == 0 for w in (await live_workers(slow_fleet)).values())
 
         await wait_for(idle, timeout=10)
-    # 3000 tokens at real mocker speed would take many seconds more
-    assert time.monotonic() - started < 8
+    # 3000 tokens at real mocker speed would take ~17 s more; a cancel takes a NATS hop, a load
+    # report and status lookups (each of them seconds, on a loaded machine)
+    assert time.monotonic() - started < 12
     cancelled = [o for o in obs.items if o.status == "cancelled"]
     assert cancelled[0].osl_tokens < 3000
 
@@ -240,16 +241,21 @@ async def _gone(fleet: Fleet, worker_id: str) -> bool:
 
 
 async def test_sigterm_drains_in_flight_work(slow_fleet):
+    # 1,000 tokens (~6 s at speedup 1): the serving worker is still found busy when its lookup
+    # is slow on a loaded machine (150 tokens lasted under a second); the drain stays well
+    # within terminate's 30 s
+    max_tokens = 1000
     async with Observations(slow_fleet) as obs, httpx.AsyncClient(timeout=60) as client:
         tasks = [
-            asyncio.create_task(complete(client, slow_fleet, max_tokens=150)) for _ in range(4)
+            asyncio.create_task(complete(client, slow_fleet, max_tokens=max_tokens))
+            for _ in range(4)
         ]
         drained = await _serving_worker(slow_fleet)  # it holds requests mid-generation
         code = await asyncio.to_thread(slow_fleet.terminate, drained)
         results = await asyncio.gather(*tasks)
         await wait_for(lambda: len(obs.items) >= 4, timeout=10)
     assert code == 0
-    assert all(r["usage"]["completion_tokens"] == 150 for r in results)
+    assert all(r["usage"]["completion_tokens"] == max_tokens for r in results)
     finished_there = [o for o in obs.items if o.worker_id == drained]
     assert finished_there and all(o.attempts == 1 for o in finished_there)  # drained, not moved
     slow_fleet.add_worker()
@@ -308,7 +314,9 @@ async def test_a_worker_restarted_under_its_id_gives_its_requests_up_at_once(nat
         f.add_worker()
         f.start_frontend("--router", "round-robin", "--stall-timeout", "60")
         await wait_for(lambda: _count(f, 2), timeout=20)
-        body = {"model": M, "prompt": "restart me", "max_tokens": 200, "seed": 3}
+        # 1,000 tokens (~6 s at speedup 1): still running when the lookup of its worker is slow
+        # on a loaded machine (200 tokens lasted ~1.2 s)
+        body = {"model": M, "prompt": "restart me", "max_tokens": 1000, "seed": 3}
         async with Observations(f) as obs, httpx.AsyncClient(timeout=60) as client:
             call = asyncio.create_task(
                 client.post(f"{f.base_url}/v1/completions", json={**body, "stream": False})
@@ -324,7 +332,8 @@ async def test_a_worker_restarted_under_its_id_gives_its_requests_up_at_once(nat
             took = time.monotonic() - restarted_at
             await wait_for(lambda: len(obs.items) >= 1, timeout=10)
             calm = await client.post(f"{f.base_url}/v1/completions", json=body)
-        assert r.status_code == 200 and took < 30, (r.status_code, took)
+        # at once: the TTL or the restart, then the rest of the answer; not the 60-s stall timeout
+        assert r.status_code == 200 and took < 45, (r.status_code, took)
         assert obs.items[0].attempts == 2
         assert r.json()["choices"][0]["text"] == calm.json()["choices"][0]["text"]
         # the subject's consumer is the new process's own, created after the restart: the old

@@ -51,7 +51,9 @@ async def test_undecodable_submission_is_dead_lettered_and_routing_goes_on(route
     try:
         dlq = await nc.subscribe(subjects.dlq("router"))
         await nc.jetstream().publish(subjects.submit("jetfleet-tiny"), b"\xc1not msgpack")
-        letter = await dlq.next_msg(timeout=15)
+        # 30 s, as for the stream above: pytest-xdist may run this test first on its worker,
+        # so it waits for the router service's start (a process, on a loaded machine) too
+        letter = await dlq.next_msg(timeout=30)
         assert b"not msgpack" in letter.data
     finally:
         await nc.close()

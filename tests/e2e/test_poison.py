@@ -58,7 +58,8 @@ async def test_poison_is_refused_once_and_the_fleet_serves_on(fleet, where: str)
         poison = poison_requests(rid, M)
         for _, req in poison:
             await nc.jetstream().publish(subject, encode(req))
-        await wait_for(lambda: len(letters) >= len(poison), timeout=20)
+        # submit: the router service may just have started (a process, on a loaded machine)
+        await wait_for(lambda: len(letters) >= len(poison), timeout=30)
         for (problem, _), letter in zip(poison, sorted(letters, key=_order(poison)), strict=True):
             assert problem in letter.reason
         ended = {c.request_id for c in chunks if c.finish_reason == "error"}

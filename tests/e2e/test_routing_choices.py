@@ -62,8 +62,11 @@ async def test_pool_workers_pull_only_while_they_have_free_slots(nats_server, tm
         f.add_worker()
         url = f.start_frontend("--router", "pool")
         await wait_for(lambda: _count(f, 2), timeout=20)
+        # 200 tokens (~0.23 s each at speedup 5): ten of them keep both workers' two slots
+        # full even when a loaded machine spreads the burst's arrival over most of a second
+        # (40 tokens lasted ~50 ms: a spread-out burst could leave every worker one at a time)
         async with Observations(f) as obs, httpx.AsyncClient(timeout=60) as client:
-            await asyncio.gather(*(_complete(client, url, f"burst {i}", 40) for i in range(10)))
+            await asyncio.gather(*(_complete(client, url, f"burst {i}", 200) for i in range(10)))
             await wait_for(lambda: len(obs.items) >= 10, timeout=10)
         assert all(o.status == "ok" and o.attempts == 1 for o in obs.items)
         assert len({o.worker_id for o in obs.items}) == 2  # both pulled

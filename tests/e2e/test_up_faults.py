@@ -206,7 +206,10 @@ async def _stream(
 
 
 async def test_32_seeded_streams_survive_a_killed_worker_and_equal_a_calm_rerun(up: Up) -> None:
-    streams, max_tokens = 32, 600
+    # 1,500 tokens (~10 s at up's speedup 1): the streams must outlast their start, all 32 of
+    # them, and a lookup of the workers' load by ``jetfleet status`` (a process) before the
+    # kill; 600 (~3.5 s) left too little of that on a loaded machine
+    streams, max_tokens = 32, 1500
     bodies = [
         {
             "model": M,
