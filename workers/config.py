@@ -31,7 +31,7 @@ class WorkerConfig:
     """An unchanged load report is sent again only this often (routers ignore reports older
     than their --kv-load-report-max-age, 5 s by default)."""
     flush_interval_s: float = 0.005  # longest a token waits before it is published (light load)
-    max_flush_interval_s: float = 0.02  # ... under a full batch (see WorkerRuntime.flush_interval)
+    max_flush_interval_s: float = 0.02  # ... under a full batch (see flush_window)
     flush_batch_unit: int = 16  # the window grows by flush_interval_s per this many requests
     kv_flush_interval_s: float = 0.005  # longest a KV event waits to go out with the next ones
     # (one message for a prefill's blocks and the decode blocks after it, not one per engine
@@ -53,3 +53,12 @@ class WorkerConfig:
         grown = self.flush_interval_s * in_flight / max(self.flush_batch_unit, 1)
         cap = max(self.max_flush_interval_s, self.flush_interval_s)
         return min(max(self.flush_interval_s, grown), cap)
+
+    def flush_delay(self, in_flight: int, urgent: bool, gap_s: float) -> float:
+        """How long a request's new output waits before it is published: 0 when ``urgent`` (a
+        first token, an end) or when the request's outputs come ``gap_s`` apart or more than the
+        window (its next token would arrive after the window closed: waiting coalesces nothing
+        and delays every token by the window, a timer wake-up a step; an engine in real time
+        steps every 6-60 ms), else the window."""
+        window = self.flush_window(in_flight)
+        return 0.0 if urgent or gap_s >= window else window

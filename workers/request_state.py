@@ -33,6 +33,7 @@ class ActiveRequest:
         "host_cached_tokens",
         "kv_transfer_ms",
         "kv_transfer_params",
+        "last_output_at",
         "msg",
         "next_index",
         "num_generated",
@@ -75,6 +76,7 @@ class ActiveRequest:
         self.embedding: tuple[float, ...] | None = None
         self.kv_transfer_ms = 0.0
         self.started_at = started_at
+        self.last_output_at = started_at  # when the runtime was last told of new output
         self.final_sent = False
         self.span: Span | None = None  # exported with OpenTelemetry when configured
 

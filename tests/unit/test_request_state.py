@@ -112,3 +112,16 @@ def test_an_engine_request_carries_every_field_it_shares_with_the_wire_request()
     engine_request = EngineRequest.from_request(req)
     for field in dataclasses.fields(EngineRequest):
         assert getattr(engine_request, field.name) == getattr(req, field.name), field.name
+
+
+def test_an_output_is_held_for_the_window_only_when_more_may_join_it():
+    from pathlib import Path
+
+    from workers.config import WorkerConfig
+
+    cfg = WorkerConfig("nats://x", Path("."), "m", flush_interval_s=0.005)
+    assert cfg.flush_delay(4, urgent=True, gap_s=0.0001) == 0.0  # a first token, an end
+    assert cfg.flush_delay(4, urgent=False, gap_s=0.0001) == 0.005  # fast steps: coalesce
+    assert cfg.flush_delay(4, urgent=False, gap_s=0.0064) == 0.0  # real time: nothing to join
+    assert cfg.flush_delay(64, urgent=False, gap_s=0.0064) == 0.02  # a big batch's window
+    assert cfg.flush_delay(64, urgent=False, gap_s=0.03) == 0.0
