@@ -120,6 +120,17 @@ def test_match_latency_bench():
     assert d["typical"]["p50_ms"] > 0 and d["all_hold_all"]["mean_best_overlap_blocks"] == 144
 
 
+def test_nats_message_cost_bench():
+    d = run_bench("nats_message_cost", "--pace-ms", "0,1", "--requests", "8", "--tokens", "16")
+    assert [(r["stored"], r["pace_ms"]) for r in d["runs"]] == [
+        (False, 0.0),
+        (True, 0.0),
+        (False, 1.0),
+        (True, 1.0),
+    ]
+    assert all(r["messages"] == 128 and r["lost"] == 0 for r in d["runs"])
+
+
 def test_indexer_throughput_bench():
     d = run_bench("indexer_throughput", "--events", "5000", "--workers", "2")
     assert d["block_events"] >= 5000 and d["block_events_per_s"] > 0
