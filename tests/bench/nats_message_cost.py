@@ -28,12 +28,12 @@ import nats
 from nats.js.api import StorageType, StreamConfig
 
 from base.logs import configure_logging
-from infra.embedded import EmbeddedNats, free_port
+from infra.embedded import EmbeddedNats
 from tests.bench.procstat import cpu_seconds
 
 
 async def one_run(stored: bool, pace_s: float, args: argparse.Namespace) -> dict[str, object]:
-    with tempfile.TemporaryDirectory() as d, EmbeddedNats(Path(d), port=free_port()) as server:
+    with tempfile.TemporaryDirectory() as d, EmbeddedNats(Path(d)) as server:  # its own port
         pub = await nats.connect(server.url)
         sub_nc = await nats.connect(server.url)
         if stored:

@@ -128,7 +128,7 @@ def test_nats_message_cost_bench():
         (False, 1.0),
         (True, 1.0),
     ]
-    assert all(r["messages"] == 128 and r["lost"] == 0 for r in d["runs"])
+    assert all(r["messages"] == 128 and r["lost"] == 0 for r in d["runs"]), d["runs"]
 
 
 def test_indexer_throughput_bench():
