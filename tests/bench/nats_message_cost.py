@@ -64,6 +64,12 @@ async def one_run(stored: bool, pace_s: float, args: argparse.Namespace) -> dict
 
             async with gate:
                 sub = await sub_nc.subscribe(subject, cb=on)
+                # nats-py 2.16 writes flush()'s PING straight to the socket, ahead of a SUB still
+                # in its pending buffer (its flusher task writes that): the first PONG can come
+                # back before the server has the subscription, and another connection's first
+                # messages miss it (seen under load: whole requests lost). The SUB is written
+                # while the first round trip is awaited; the second PING follows it.
+                await sub_nc.flush()
                 await sub_nc.flush()
                 for k in range(args.tokens):
                     await pub.publish(subject, payload)
