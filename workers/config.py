@@ -58,7 +58,7 @@ class WorkerConfig:
         """How long a request's new output waits before it is published: 0 when ``urgent`` (a
         first token, an end) or when the request's outputs come ``gap_s`` apart or more than the
         window (its next token would arrive after the window closed: waiting coalesces nothing
-        and delays every token by the window, a timer wake-up a step; an engine in real time
-        steps every 6-60 ms), else the window."""
+        and only delays every token by the window; an engine in real time steps every 6-60 ms),
+        else the window."""
         window = self.flush_window(in_flight)
         return 0.0 if urgent or gap_s >= window else window
