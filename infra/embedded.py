@@ -6,7 +6,9 @@ machine happens to run (or one earlier on PATH) is never used.
 
 Port 0 means "any free port": nats-server is started on a random port (``port: -1``) and the
 port is read back from its log, so there is no race; redis-server gets a port probed free just
-before the start and is retried on another one if that port was taken meanwhile.
+before the start and is retried on another one if that port was taken meanwhile. ``free_port()``
+draws below the kernel's ephemeral range (where outgoing connections take their local ports) and
+claims what it hands out, so two callers on one machine are never handed the same port.
 
 Each server lives in its own directory (``data_dir``): its log (``<name>.log``), its config, its
 store. ``start()`` returns once the server really serves: nats-server answers a JetStream API
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -28,6 +31,7 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -71,9 +75,68 @@ def find_binary(name: str) -> str:
     )
 
 
+_PORT_FLOOR = 10_000  # below: ports services are configured on (4222, 6379, 8000, ...)
+_CLAIM_S = 120.0  # a claimed port is another process's for this long: time to bind it
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process on this machine: False if a live claim holds it."""
+    claims = Path(tempfile.gettempdir()) / "jetfleet-ports"
+    claims.mkdir(exist_ok=True)
+    path = claims / str(port)
+    now = time.time()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        try:
+            if now - path.stat().st_mtime < _CLAIM_S:
+                return False
+            path.unlink()  # a stale claim: the port was bound since (the probe says) or never
+        except FileNotFoundError:
+            pass
+        return _claim(port)
+    except OSError:  # no writable temp dir: the probe alone decides
+        return True
+    os.close(fd)
+    if random.random() < 0.02:  # now and then, drop the claims nobody holds any more
+        for old in claims.iterdir():
+            with contextlib.suppress(OSError):
+                if now - old.stat().st_mtime > _CLAIM_S:
+                    old.unlink()
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to port 0 and read it back)."""
-    with socket.socket() as s:
+    """A TCP port free now that no other caller on this machine is handed for a while.
+
+    Binding port 0 and reading it back returns a port from the kernel's ephemeral range, which
+    the next outgoing connection of any process may take as its local port before the caller's
+    server binds it (a parallel test run saw "cannot listen on 127.0.0.1:32795: it is in use").
+    So the port is drawn at random below that range, probed with a bind, and claimed with a file
+    under the temp dir so that another process drawing the same port moves on to another one.
+    """
+    low, _ = _ephemeral_range()
+    if low - _PORT_FLOOR >= 1_000:
+        rng = random.SystemRandom()
+        for _ in range(200):
+            port = rng.randrange(_PORT_FLOOR, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            if _claim(port):
+                return port
+    with socket.socket() as s:  # an unusual port range: the kernel's choice
         s.bind((host, 0))
         return int(s.getsockname()[1])
 

@@ -14,6 +14,7 @@ import pytest
 from schemas import Request, SamplingParams, Subjects, TokenChunk, decode, encode
 from schemas.requests import routed_msg_id
 from tests.e2e.test_fleet_lifecycle import _has
+from tests.support.clients import subscribed
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -37,6 +38,7 @@ async def test_a_request_is_generated_once_however_often_it_is_delivered(fleet) 
             chunks.append(decode(msg.data, TokenChunk))
 
         await nc.subscribe(subjects.tok_all(), cb=on_chunk)
+        await subscribed(nc)
 
         def finals(request_id: str) -> int:
             return sum(c.request_id == request_id and c.finish_reason is not None for c in chunks)

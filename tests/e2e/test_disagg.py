@@ -19,7 +19,7 @@ import pytest
 from infra.command import cli_command
 from infra.embedded import free_port
 from schemas import RequestObservation, WorkerLoad, decode
-from tests.support.clients import openai_client
+from tests.support.clients import openai_client, subscribed
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
 
@@ -77,6 +77,7 @@ async def _observations(
             got.append(o)
 
     await nc.subscribe(f"{fleet.prefix}.obs.{MODEL}", cb=on)
+    await subscribed(nc)
     try:
         await asyncio.to_thread(action)
         await wait_for(lambda: len(got) >= count, timeout=10)

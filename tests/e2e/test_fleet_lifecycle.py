@@ -15,7 +15,7 @@ from base.connect import connect_nats
 from infra.command import cli_command
 from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
-from tests.support.clients import sse_events
+from tests.support.clients import sse_events, subscribed
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
 from workers.runtime import own_consumer
@@ -59,6 +59,7 @@ class Observations:
             self.items.append(decode(msg.data, RequestObservation))
 
         await self.nc.subscribe(Subjects(self.fleet.prefix).obs_all(), cb=on)
+        await subscribed(self.nc)
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -10,6 +10,7 @@ import pytest
 from base.connect import close_nats, connect_nats
 from schemas import KvEventBatch, Subjects, decode
 from schemas.kv_events import BlockStored
+from tests.support.clients import subscribed
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
 
@@ -37,7 +38,7 @@ async def test_a_requests_kv_events_go_out_in_one_message_within_the_window(
             batches.append(decode(msg.data, KvEventBatch))
 
         await nc.subscribe(Subjects(f.prefix).kv(M, worker), cb=on)
-        await nc.flush()
+        await subscribed(nc)
         async with httpx.AsyncClient(timeout=30) as client:
             r = await client.post(
                 f"{url}/v1/completions",  # 3 blocks of prompt, 1 more decoding

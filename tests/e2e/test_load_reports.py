@@ -14,6 +14,7 @@ import pytest
 from schemas import Request, SamplingParams, Subjects, TokenChunk, WorkerLoad, decode, encode
 from schemas.requests import routed_msg_id
 from tests.e2e.test_fleet_lifecycle import _has
+from tests.support.clients import subscribed
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
 
@@ -53,7 +54,7 @@ async def test_a_prefill_that_ends_is_reported_before_its_first_token(
         # one connection for both: the worker's publishes arrive in the order it made them
         await nc.subscribe(subjects.metrics(M, "agg", worker), cb=on_load)
         await nc.subscribe(subjects.tok_all(), cb=on_chunk)
-        await nc.flush()
+        await subscribed(nc)
         rid = f"load-{uuid.uuid4().hex[:8]}"
         prompt = tuple(i % 250 for i in range(1500))  # a prefill of a few simulated ms
         req = Request(rid, M, prompt, SamplingParams(max_tokens=4, ignore_eos=True))
@@ -102,7 +103,7 @@ async def test_an_unchanged_load_is_reported_only_every_keepalive(nats_server, t
             loads.append((time.monotonic(), decode(msg.data, WorkerLoad)))
 
         await nc.subscribe(subjects.metrics(M, "agg", worker), cb=on_load)
-        await nc.flush()
+        await subscribed(nc)
         await wait_for(lambda: len(loads) >= 1, timeout=10)
         start = loads[0][0]
         await wait_for(lambda: loads[-1][0] - start >= 3.9, timeout=10)  # ~4 s of idle reports

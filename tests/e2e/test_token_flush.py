@@ -12,6 +12,7 @@ import pytest
 
 from base.connect import close_nats, connect_nats
 from schemas import Subjects, TokenChunk, decode
+from tests.support.clients import subscribed
 from tests.support.fleet import Fleet
 
 pytestmark = pytest.mark.integration
@@ -42,7 +43,7 @@ async def test_tokens_slower_than_the_window_are_published_as_they_come(
             arrivals.append((time.monotonic(), decode(msg.data, TokenChunk)))
 
         await nc.subscribe(Subjects(f.prefix).tok_all(), cb=on)
-        await nc.flush()
+        await subscribed(nc)
         async with httpx.AsyncClient(timeout=60) as client:
             r = await client.post(
                 f"{url}/v1/completions",

@@ -28,7 +28,7 @@ from schemas import (
 )
 from tests.e2e.test_fuzz_http import BODIES, _check
 from tests.support.builders import poison_requests
-from tests.support.clients import sse_events
+from tests.support.clients import sse_events, subscribed
 from tests.support.up import Up, running_up
 from tests.support.wait import wait_for
 
@@ -76,7 +76,7 @@ async def test_poison_on_every_request_subject_then_64_requests_complete(up: Up)
     try:
         await nc.subscribe(s.dlq_all(), cb=on_letter)
         await nc.subscribe(s.tok_all(), cb=on_chunk)
-        await nc.flush()
+        await subscribed(nc)
         answerable: set[str] = set()
         sent = 0
         for n, subject in enumerate(targets):
@@ -230,6 +230,7 @@ async def test_32_seeded_streams_survive_a_killed_worker_and_equal_a_calm_rerun(
         observed.append(decode(msg.data, RequestObservation))
 
     await nc.subscribe(up.subjects.obs_all(), cb=on_obs)
+    await subscribed(nc)
     try:
         async with httpx.AsyncClient(base_url=up.base_url, timeout=120) as http:
             progress = [0] * streams

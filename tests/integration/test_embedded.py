@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import random
 import socket
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from infra.embedded import (
     EmbeddedRedis,
     ServerStartError,
     find_binary,
+    free_port,
     port_is_open,
 )
 
@@ -174,3 +178,50 @@ async def test_servers_start_from_async_code(tmp_path: Path) -> None:
             await r.aclose()
     finally:
         await asyncio.gather(a.stop_async(), b.stop_async())
+
+
+_RANDOM = random.Random()
+
+
+class _Draws:
+    """Stands in for ``random.SystemRandom``: draws the given ports first, then at random."""
+
+    def __init__(self, first: list[int]) -> None:
+        self.first = list(first)
+
+    def __call__(self) -> _Draws:
+        return self
+
+    def randrange(self, low: int, high: int) -> int:
+        return self.first.pop(0) if self.first else _RANDOM.randrange(low, high)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_are_never_handed_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the ephemeral range is where outgoing connections take their local ports: a port read back
+    # from bind(0) can be taken by any connect() before the server binds it
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    low, _ = embedded._ephemeral_range()
+    ports = [free_port() for _ in range(1000)]
+    assert len(set(ports)) == len(ports)
+    assert all(10_000 <= p < low for p in ports)
+
+
+def test_a_free_port_skips_one_in_use_and_one_another_process_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", free_port()))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        claimed = free_port()  # as if another process drew it and has not bound it yet
+        monkeypatch.setattr(random, "SystemRandom", _Draws([taken, claimed]))
+        port = free_port()
+        assert port not in (taken, claimed)
+        # a claim older than the time a caller has to bind is stale: the port is free to draw
+        stale = tmp_path / "jetfleet-ports" / str(claimed)
+        os.utime(stale, (0, 0))
+        monkeypatch.setattr(random, "SystemRandom", _Draws([claimed]))
+        assert free_port() == claimed

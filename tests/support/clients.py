@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
+from nats.aio.client import Client as NATS
 
 
 async def run_cli(
@@ -44,3 +45,16 @@ async def sse_events(response: Any) -> AsyncIterator[dict[str, Any]]:
         event = json.loads(line[6:])
         assert "error" not in event, event
         yield event
+
+
+async def subscribed(nc: NATS) -> None:
+    """Return once the server has every subscription ``nc`` made so far.
+
+    One ``flush()`` is not enough in nats-py 2.16: it writes its PING straight to the socket,
+    ahead of a SUB still in the client's pending buffer, so its PONG can come back before the
+    server has the subscription, and another connection's first messages miss it (seen under
+    load: a benchmark lost whole requests one run in 25). The SUB goes out while the first round
+    trip is awaited; the second PING follows it.
+    """
+    await nc.flush()
+    await nc.flush()
