@@ -8,9 +8,13 @@ requests generating in real time.
 
 Each request is one subject (``t.{uuid}``), a subscriber on it, ``--tokens`` messages of
 ``--bytes`` bytes published on it, ``--concurrency`` requests at a time, each paced by
-``--pace-ms`` between its messages (0: back to back). A fresh embedded nats-server per run;
-its CPU (from /proc) over the run, divided by the messages. Prints one JSON document: a row
-per run (each pace without and with the stream).
+``--pace-ms`` between its messages (0: back to back). ``--subscriptions shared`` runs the same
+with one wildcard subscription for all requests (``t.fe.*``, told apart by subject, as a
+frontend could subscribe once for all its requests) instead of a subscription per request, to
+price the SUB and UNSUB a request costs. A fresh embedded nats-server per run; its CPU (from
+/proc) over the run, and this process's (publisher and subscriber: the clients' side), divided by
+the messages. Prints one JSON document: a row per run (each pace without and with the stream,
+per subscription mode).
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
+from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 
 from base.logs import configure_logging
@@ -32,7 +39,14 @@ from infra.embedded import EmbeddedNats
 from tests.bench.procstat import cpu_seconds
 
 
-async def one_run(stored: bool, pace_s: float, args: argparse.Namespace) -> dict[str, object]:
+def _own_cpu_s() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+async def one_run(
+    stored: bool, pace_s: float, shared: bool, args: argparse.Namespace
+) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as d, EmbeddedNats(Path(d)) as server:  # its own port
         pub = await nats.connect(server.url)
         sub_nc = await nats.connect(server.url)
@@ -49,21 +63,39 @@ async def one_run(stored: bool, pace_s: float, args: argparse.Namespace) -> dict
         payload = b"x" * args.bytes
         lost = 0
         gate = asyncio.Semaphore(args.concurrency)
+        waiting: dict[str, Callable[[], None]] = {}  # shared: the request of each subject
+
+        async def demux(msg: Msg) -> None:
+            on_message = waiting.get(msg.subject)
+            if on_message is not None:
+                on_message()
+
+        if shared:
+            await sub_nc.subscribe("t.fe.*", cb=demux)
+            await sub_nc.flush()
+            await sub_nc.flush()
 
         async def request() -> None:
             nonlocal lost
-            subject = f"t.{uuid.uuid4().hex}"
+            subject = f"t.fe.{uuid.uuid4().hex}" if shared else f"t.{uuid.uuid4().hex}"
             got = 0
             done = asyncio.Event()
 
-            async def on(_msg: object) -> None:
+            def counted() -> None:
                 nonlocal got
                 got += 1
                 if got == args.tokens:
                     done.set()
 
+            async def on(_msg: Msg) -> None:
+                counted()
+
             async with gate:
-                sub = await sub_nc.subscribe(subject, cb=on)
+                sub = None
+                if shared:
+                    waiting[subject] = counted
+                else:
+                    sub = await sub_nc.subscribe(subject, cb=on)
                 # nats-py 2.16 writes flush()'s PING straight to the socket, ahead of a SUB still
                 # in its pending buffer (its flusher task writes that): the first PONG can come
                 # back before the server has the subscription, and another connection's first
@@ -82,15 +114,18 @@ async def one_run(stored: bool, pace_s: float, args: argparse.Namespace) -> dict
                     await asyncio.wait_for(done.wait(), 10)
                 except TimeoutError:
                     lost += args.tokens - got
-                await sub.unsubscribe()
+                if sub is not None:
+                    await sub.unsubscribe()
+                waiting.pop(subject, None)
 
-        cpu0, t0 = cpu_seconds(server.pid), time.monotonic()
+        cpu0, own0, t0 = cpu_seconds(server.pid), _own_cpu_s(), time.monotonic()
         await asyncio.gather(*(request() for _ in range(args.requests)))
-        cpu1, t1 = cpu_seconds(server.pid), time.monotonic()
+        cpu1, own1, t1 = cpu_seconds(server.pid), _own_cpu_s(), time.monotonic()
         await pub.close()
         await sub_nc.close()
     messages = args.requests * args.tokens
     return {
+        "subscriptions": "shared" if shared else "per-request",
         "stored": stored,
         "pace_ms": pace_s * 1000,
         "messages": messages,
@@ -98,6 +133,8 @@ async def one_run(stored: bool, pace_s: float, args: argparse.Namespace) -> dict
         "wall_s": round(t1 - t0, 2),
         "server_cpu_s": round(cpu1 - cpu0, 2),
         "server_us_per_message": round(1e6 * (cpu1 - cpu0) / messages, 1),
+        "server_us_per_request": round(1e6 * (cpu1 - cpu0) / args.requests, 1),
+        "clients_us_per_request": round(1e6 * (own1 - own0) / args.requests, 1),
     }
 
 
@@ -110,13 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--bytes", type=int, default=200)
+    ap.add_argument(
+        "--subscriptions", default="per-request", help="comma-separated: per-request, shared"
+    )
     args = ap.parse_args(argv)
     configure_logging("warning")
     runs = []
-    for pace in (float(p) / 1000 for p in args.pace_ms.split(",")):
-        for stored in (False, True):
-            runs.append(asyncio.run(one_run(stored, pace, args)))
-            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
+    for mode in args.subscriptions.split(","):
+        if mode not in ("per-request", "shared"):
+            ap.error(f"--subscriptions: per-request or shared, not {mode!r}")
+        for pace in (float(p) / 1000 for p in args.pace_ms.split(",")):
+            for stored in (False, True):
+                runs.append(asyncio.run(one_run(stored, pace, mode == "shared", args)))
+                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     print(json.dumps({"benchmark": "nats_message_cost", "runs": runs}, indent=2))
     return 0
 

@@ -2,6 +2,9 @@
 
     python -m tests.bench.routing_sim [--policies kv,round-robin,random] [--seeds 8]
     python -m tests.bench.routing_sim --sweep    # kv weight x overhead x temperature grid
+    python -m tests.bench.routing_sim --prefixes 1 --prefix-tokens 0 --unique-tokens 16384 \
+        --concurrency 12 --requests 240 --output-tokens 16 --num-gpu-blocks 16384
+                                                 # fresh 16k-token prompts (long_prompts' shape)
 
 Each worker is the mocker's own scheduler core (``workers.engines.mocker.scheduler``); its KV
 events are translated (``EventTranslator``) and applied to the in-memory prefix index at the end
@@ -28,7 +31,7 @@ import json
 import random
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.router import RecentRoutes
@@ -219,27 +222,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-prefill-overhead", type=int, default=4)
     ap.add_argument("--kv-temperature", type=float, default=8.0)
     ap.add_argument("--sweep", action="store_true", help="kv over a grid of settings")
+    shape = SimSettings()
+    for name in (
+        "workers", "num_gpu_blocks", "block_size", "requests", "concurrency", "prefixes",
+        "prefix_tokens", "unique_tokens", "output_tokens",
+    ):  # fmt: skip
+        flag = "--" + name.replace("_", "-")
+        ap.add_argument(flag, type=int, default=getattr(shape, name), help="workload shape")
+    ap.add_argument("--latency-ms", type=float, default=shape.latency_ms)
     args = ap.parse_args(argv)
+    workload_shape = {
+        name: getattr(args, name)
+        for name in (
+            "workers", "num_gpu_blocks", "block_size", "requests", "concurrency", "prefixes",
+            "prefix_tokens", "unique_tokens", "output_tokens", "latency_ms",
+        )
+    }  # fmt: skip
     base = SimSettings(
         prefill_weight=args.kv_prefill_weight,
         prefill_overhead_blocks=args.kv_prefill_overhead,
         temperature=args.kv_temperature,
+        **workload_shape,
     )
     if args.sweep:
         grid = itertools.product((4.0, 8.0, 12.0, 16.0), (0, 4, 8, 17), (0.0, 8.0))
         settings = [
-            SimSettings(prefill_weight=w, prefill_overhead_blocks=o, temperature=t)
+            replace(base, prefill_weight=w, prefill_overhead_blocks=o, temperature=t)
             for w, o, t in grid
         ]
-        settings += [SimSettings(policy="round-robin")]
+        settings += [replace(base, policy="round-robin")]
     else:
-        settings = [base if p == "kv" else SimSettings(policy=p) for p in args.policies.split(",")]
+        settings = [replace(base, policy=p) for p in args.policies.split(",")]
     rows = []
     for s in settings:
         row = simulate(s, args.seeds)
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
-    print(json.dumps({"benchmark": "routing_sim", "seeds": args.seeds, "results": rows}, indent=2))
+    out = {"benchmark": "routing_sim", "seeds": args.seeds, "shape": workload_shape}
+    out["results"] = rows
+    print(json.dumps(out, indent=2))
     return 0
 
 

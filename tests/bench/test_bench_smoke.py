@@ -115,20 +115,33 @@ def test_routing_sim_bench():
     assert by_policy["kv"]["ttft_ms_p50"] < by_policy["round-robin"]["ttft_ms_p50"]
 
 
+def test_routing_sim_takes_the_workload_shape_from_its_flags():
+    d = run_bench(
+        "routing_sim", "--seeds", "1", "--policies", "kv", "--prefixes", "1", "--prefix-tokens",
+        "0", "--unique-tokens", "2048", "--requests", "24", "--concurrency", "4",
+    )  # fmt: skip
+    assert d["shape"]["unique_tokens"] == 2048 and d["shape"]["requests"] == 24
+    assert d["results"][0]["cached_share"] < 0.01  # every prompt fresh: nothing to reuse
+
+
 def test_match_latency_bench():
     d = run_bench("match_latency", "--workers", "8", "--prompt-tokens", "2304", "--calls", "20")
     assert d["typical"]["p50_ms"] > 0 and d["all_hold_all"]["mean_best_overlap_blocks"] == 144
 
 
 def test_nats_message_cost_bench():
-    d = run_bench("nats_message_cost", "--pace-ms", "0,1", "--requests", "8", "--tokens", "16")
-    assert [(r["stored"], r["pace_ms"]) for r in d["runs"]] == [
-        (False, 0.0),
-        (True, 0.0),
-        (False, 1.0),
-        (True, 1.0),
+    d = run_bench(
+        "nats_message_cost", "--pace-ms", "0,1", "--requests", "8", "--tokens", "16",
+        "--subscriptions", "per-request,shared",
+    )  # fmt: skip
+    assert [(r["subscriptions"], r["stored"], r["pace_ms"]) for r in d["runs"]] == [
+        (mode, stored, pace)
+        for mode in ("per-request", "shared")
+        for pace in (0.0, 1.0)
+        for stored in (False, True)
     ]
     assert all(r["messages"] == 128 and r["lost"] == 0 for r in d["runs"]), d["runs"]
+    assert all(r["clients_us_per_request"] > 0 for r in d["runs"]), d["runs"]
 
 
 def test_indexer_throughput_bench():
