@@ -33,6 +33,7 @@ from schemas import (
 )
 from schemas.requests import submit_msg_id
 from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET
+from schemas.token_reader import TokenReader
 
 # a one-shot command: a NATS that cannot be reached is an error after this many tries (0.5 s
 # apart, each server of a cluster URL), not an endless wait
@@ -123,14 +124,18 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
             encode(request),
             headers={"Nats-Msg-Id": submit_msg_id(request.request_id)},
         )
-        seen: set[tuple[int, int]] = set()
+        reader = TokenReader()  # repeats and older attempts dropped, cut back on a migration
         while True:
             chunk = decode((await sub.next_msg(timeout=120)).data, TokenChunk)
-            if (chunk.attempt, chunk.index) in seen:
-                continue  # a repeat: workers publish recent chunks again after a reconnect
-            seen.add((chunk.attempt, chunk.index))
+            cut = reader.take(chunk)
+            if cut is None:
+                continue
             if args.json:
+                if cut:
+                    print(json.dumps({"cut_tokens": cut}), flush=True)
                 print(json.dumps(to_builtins(chunk)), flush=True)
+            elif cut:  # the old worker's last tokens were taken back: the answer again
+                print(f"\n[moved to another worker]\n{reader.text}", end="", flush=True)
             else:
                 print(chunk.text, end="", flush=True)
             if chunk.finish_reason is not None:

@@ -3,8 +3,12 @@
 Tokens are coalesced: a worker flushes the first token at once and later tokens at most every
 flush interval (a few ms), so one ``TokenChunk`` usually carries several tokens.
 ``(attempt, index)`` orders the chunks of a request across migrations: a reader drops chunks
-of older attempts and chunks it has seen already. The last chunk of an attempt has
-``finish_reason`` (and ``usage``) set; a chunk with ``error`` set ends the attempt with a failure.
+of older attempts and chunks it has seen already, and the first chunk of a later attempt says how
+many output tokens it continues from (``generated_before``), so a reader that holds more (an
+older attempt's last chunks, published before its worker was cut off and delivered late) cuts its
+answer back to that many first (``schemas.token_reader.TokenReader`` does all of it). The last
+chunk of an attempt has ``finish_reason`` (and ``usage``) set; a chunk with ``error`` set ends the
+attempt with a failure.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ class TokenChunk(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     logprobs: tuple[TokenLogprob, ...] | None = None
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     embedding: tuple[float, ...] | None = None  # task "embed": on the final chunk
+    # On the first chunk of a migrated attempt (``attempt`` > 0): the output tokens of earlier
+    # attempts it continues from (its request's ``num_generated_before``). Optional: readers that
+    # predate it ignore it (version 1).
+    generated_before: int | None = None
     v: int = TOKEN_CHUNK_VERSION
 
 

@@ -149,6 +149,11 @@ class ActiveRequest:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             embedding=self.embedding if final else None,
+            generated_before=(
+                self.request.num_generated_before
+                if self.next_index == 0 and self.request.attempt > 0
+                else None
+            ),
         )
         self.next_index += 1
         if final:

@@ -125,3 +125,24 @@ def test_an_output_is_held_for_the_window_only_when_more_may_join_it():
     assert cfg.flush_delay(4, urgent=False, gap_s=0.0064) == 0.0  # real time: nothing to join
     assert cfg.flush_delay(64, urgent=False, gap_s=0.0064) == 0.02  # a big batch's window
     assert cfg.flush_delay(64, urgent=False, gap_s=0.03) == 0.0
+
+
+def test_a_migrated_attempt_says_on_its_first_chunk_what_it_continues_from():
+    moved = Request(
+        "r1", "m", (1, 2, 3, 7, 8), SamplingParams(max_tokens=4), attempt=1, num_generated_before=2
+    )
+    ar = ActiveRequest(moved, None, "w1", None, lambda _ar, urgent: None, 0.0)
+    ar.on_output(EngineOutput("r1", (9,), num_prompt_tokens=5))
+    first = ar.take_chunk()
+    ar.on_output(EngineOutput("r1", (10,), finished=True, finish_reason="length"))
+    second = ar.take_chunk()
+    assert (first.generated_before, second.generated_before) == (2, None)
+    fresh, _ = make()  # attempt 2 of a request that had generated nothing: 0, stated
+    fresh.on_output(EngineOutput("r1", (10,), num_prompt_tokens=3))
+    assert fresh.take_chunk().generated_before == 0
+    first_try = ActiveRequest(
+        Request("r2", "m", (1,), SamplingParams(max_tokens=1)), None, "w1", None,
+        lambda _ar, urgent: None, 0.0,
+    )  # fmt: skip
+    first_try.on_output(EngineOutput("r2", (5,), num_prompt_tokens=1))
+    assert first_try.take_chunk().generated_before is None  # attempt 0: nothing to say
