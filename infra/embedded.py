@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -89,30 +90,36 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 def _claim(port: int) -> bool:
-    """Claim ``port`` for this process on this machine: False if a live claim holds it."""
-    claims = Path(tempfile.gettempdir()) / "jetfleet-ports"
-    claims.mkdir(exist_ok=True)
-    path = claims / str(port)
-    now = time.time()
+    """Claim ``port`` for this process on this machine: False if a live claim holds it.
+
+    Claims are files in a directory of this user's under the temp dir, checked and made under
+    an exclusive lock, so two processes never both take one (processes with another ``TMPDIR``
+    or user do not see them: the bind probe is all they share)."""
+    claims = Path(tempfile.gettempdir()) / f"jetfleet-ports-{os.getuid()}"
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        try:
-            if now - path.stat().st_mtime < _CLAIM_S:
-                return False
-            path.unlink()  # a stale claim: the port was bound since (the probe says) or never
-        except FileNotFoundError:
-            pass
-        return _claim(port)
+        claims.mkdir(mode=0o700, exist_ok=True)
+        lock = os.open(claims / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
     except OSError:  # no writable temp dir: the probe alone decides
         return True
-    os.close(fd)
-    if random.random() < 0.02:  # now and then, drop the claims nobody holds any more
-        for old in claims.iterdir():
-            with contextlib.suppress(OSError):
-                if now - old.stat().st_mtime > _CLAIM_S:
-                    old.unlink()
-    return True
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        now = time.time()
+        path = claims / str(port)
+        with contextlib.suppress(FileNotFoundError):
+            if now - path.stat().st_mtime < _CLAIM_S:
+                return False
+        path.touch()
+        os.utime(path, (now, now))
+        if random.random() < 0.02:  # now and then, drop the claims nobody holds any more
+            for old in claims.iterdir():
+                with contextlib.suppress(OSError):
+                    if old.name != ".lock" and now - old.stat().st_mtime > _CLAIM_S:
+                        old.unlink()
+        return True
+    except OSError:
+        return True
+    finally:
+        os.close(lock)  # and the lock with it
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -139,6 +139,13 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
             else:
                 print(chunk.text, end="", flush=True)
             if chunk.finish_reason is not None:
+                if reader.missing() or reader.behind:
+                    print(
+                        f"missed while disconnected: chunks {reader.missing()}, "
+                        f"{reader.behind} earlier tokens (jetfleet replay request "
+                        f"{request.request_id})",
+                        file=sys.stderr,
+                    )
                 if not args.json:
                     print(
                         f"\n[finish_reason={chunk.finish_reason}"

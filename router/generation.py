@@ -174,10 +174,10 @@ class Generation:
         try:
             subject, decision = await self._dispatch.route(nxt, self.tried)
         except NoWorkersError as exc:
-            return error_chunk(nxt.request_id, nxt.attempt, 0, f"{reason}; {exc}")
+            return self._attempt_failed(nxt, f"{reason}; {exc}")
         except Exception as exc:  # routing backend down (Redis): end clearly, not with a hang
             log.error("migration_routing_failed", request_id=old.request_id, error=str(exc))
-            return error_chunk(nxt.request_id, nxt.attempt, 0, f"{reason}; routing failed: {exc}")
+            return self._attempt_failed(nxt, f"{reason}; routing failed: {exc}")
         if decision is not None:
             self.request = with_route(nxt, decision)
             self.decision = decision
@@ -186,10 +186,15 @@ class Generation:
         try:
             await self._dispatch.publish(self.request, subject, self.traceparent)
         except Exception as exc:
-            error = f"{reason}; could not republish: {exc}"
-            return error_chunk(nxt.request_id, nxt.attempt, 0, error)
+            return self._attempt_failed(nxt, f"{reason}; could not republish: {exc}")
         self.stream.published()
         return None
+
+    def _attempt_failed(self, nxt: Request, error: str) -> TokenChunk:
+        """The chunk that ends a new attempt before it ran: the first of its attempt, so it says
+        what the attempt continued from (a NATS reader cuts an older attempt's late chunks)."""
+        chunk = error_chunk(nxt.request_id, nxt.attempt, 0, error)
+        return msgspec.structs.replace(chunk, generated_before=nxt.num_generated_before)
 
     async def cancel(self, reason: str = "client_disconnected") -> None:
         """Stop the worker and let the request go (its reservation, in-flight count and

@@ -30,7 +30,7 @@ from router.disagg_client import DisaggClient, DisaggGeneration
 from router.generation import Generation, NoWorkersError, OverloadedError
 from router.observation import observation
 from router.stack import RoutingStack, StackConfig
-from schemas import Request, encode
+from schemas import Request, TokenChunk, encode
 from schemas.streams import router_consumer
 from schemas.tokens import error_chunk
 from schemas.trace import HEADER as TRACE_HEADER
@@ -45,6 +45,13 @@ class RouterServiceConfig:
     batch: int = 64
     metrics_port: int = 0  # the operations port: /metrics, /health, /ready (0: off)
     metrics_host: str = "127.0.0.1"
+
+
+def made_here(chunk: TokenChunk) -> bool:
+    """A final chunk the routing library made, not a worker: a migration that gave up (error),
+    or one that found the budget already spent (length). The client reads the token subject and
+    waits for a final chunk, so it must be published there."""
+    return chunk.finish_reason is not None and chunk.worker_id == ""
 
 
 class RouterService:
@@ -130,9 +137,7 @@ class RouterService:
                 first = first or last
             if chunk.finish_reason is not None:
                 reason, error = chunk.finish_reason, chunk.error
-                if reason == "error" and chunk.worker_id == "":
-                    # an error chunk made by the routing library (migration gave up): the client
-                    # reads the token subject, so it must be published there
+                if made_here(chunk):
                     await self.nc.publish(self.subjects.tok(gen.request_id), encode(chunk))
         obs = observation(
             gen,

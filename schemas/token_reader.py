@@ -9,13 +9,19 @@ A NATS client reads ``fleet.tok.{request_id}`` and may see, besides the chunks i
 - **an older attempt's last chunks before the newer one's first**: chunks its router had not
   seen when it migrated, which the newer attempt generates again.
 
-``TokenReader.take`` drops the first two and, on the first chunk of a newer attempt, cuts the
-answer back to the ``generated_before`` tokens that attempt continues from. Chunks are whole
-messages and a router migrates after whole chunks, so a cut falls between chunks; one that does
-not (a reader that saw a chunk split differently) keeps the tokens before the cut and loses that
-chunk's text. A gap (an index skipped within an attempt, or fewer tokens than the newer attempt
-continues from: the reader missed chunks while it was disconnected) is not filled here: the
-chunks are in ``FLEET_TOKENS`` to read back (``missing``). Pure: no I/O.
+``TokenReader.take`` drops the first two and, when the first chunk (index 0) of a newer attempt
+comes, cuts the answer back to the ``generated_before`` tokens that attempt continues from.
+Chunks are whole messages and a router migrates after whole chunks, so a cut falls between
+chunks; one that does not keeps the tokens before the cut and loses that chunk's text.
+
+An older attempt's final chunk that comes before any chunk of the newer attempt ends the answer:
+the old worker finished it, with the same sampling, while the router was moving it.
+
+What the reader missed (it was disconnected) it says, and does not invent: ``missing()`` lists the
+``(attempt, index)`` it never saw below the newest index of each attempt, and ``behind`` the
+tokens a newer attempt continues from that it never had. A cut made while chunks were missing
+counts tokens without them, so a reader with anything missing reads the request's chunks back
+from ``FLEET_TOKENS`` (in stream order) into a fresh reader. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -36,10 +42,12 @@ class TokenReader:
     cut_tokens: int = 0
     """Tokens cut from the answer when newer attempts took over."""
     behind: int = 0
-    """Tokens the current attempt continues from that this reader never saw (missed chunks of
-    earlier attempts: read them back from ``FLEET_TOKENS``)."""
+    """Tokens the current attempt continues from that this reader never had."""
+    final: TokenChunk | None = None
+    """The chunk that ended the request (``finish_reason`` set), once it came."""
     _kept: list[TokenChunk] = field(default_factory=list)  # earlier attempts', after the cuts
     _current: dict[int, TokenChunk] = field(default_factory=dict)  # this attempt's, by index
+    _holes: list[tuple[int, int]] = field(default_factory=list)  # earlier attempts' missed
 
     def take(self, chunk: TokenChunk) -> int | None:
         """Apply one chunk: None if it was dropped, else how many tokens of the answer so far it
@@ -50,14 +58,19 @@ class TokenReader:
         ):
             self.dropped += 1
             return None
-        cut = 0
         if chunk.attempt > self.attempt:
+            self._holes += [(self.attempt, i) for i in self._gaps()]
             self._kept = self.chunks
             self._current = {}
             self.attempt = chunk.attempt
-            if chunk.generated_before is not None:
-                cut = self._cut_to(chunk.generated_before)
+            self.behind = 0
+            self.final = None
+        cut = 0
+        if chunk.index == 0 and chunk.generated_before is not None:
+            cut = self._cut_to(chunk.generated_before)  # later chunks of it may have come first
         self._current[chunk.index] = chunk
+        if chunk.finish_reason is not None:
+            self.final = chunk
         return cut
 
     @property
@@ -73,14 +86,12 @@ class TokenReader:
     def text(self) -> str:
         return "".join(c.text for c in self.chunks)
 
-    @property
-    def final(self) -> TokenChunk | None:
-        """The chunk that ended the request (finish_reason set), once it came."""
-        last = self._current.get(max(self._current)) if self._current else None
-        return last if last is not None and last.finish_reason is not None else None
+    def missing(self) -> list[tuple[int, int]]:
+        """The ``(attempt, index)`` of chunks never seen below the newest index of each attempt
+        (the current attempt's first chunks too, while its index 0 has not come)."""
+        return self._holes + [(self.attempt, i) for i in self._gaps()]
 
-    def missing(self) -> list[int]:
-        """The indices of the current attempt not seen yet below its newest one."""
+    def _gaps(self) -> list[int]:
         if not self._current:
             return []
         return [i for i in range(max(self._current)) if i not in self._current]

@@ -68,7 +68,7 @@ async def test_a_nats_client_reading_by_the_contract_gets_the_undisturbed_answer
     nats_server, tmp_path
 ):
     # the worker stays registered while paused (--ttl 60): only the router service's stall
-    # timeout moves the request, and the paused worker goes on with its attempt when resumed
+    # timeout moves the request (the resumed worker then takes the router's cancel)
     f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--ttl", "60"))
     paused: list[int] = []
     try:

@@ -212,8 +212,14 @@ def test_a_free_port_skips_one_in_use_and_one_another_process_claimed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    low, _ = embedded._ephemeral_range()
     with socket.socket() as squatter:
-        squatter.bind(("127.0.0.1", free_port()))
+        for candidate in range(low - 1, 10_000, -1):  # a port below the range, never claimed
+            try:
+                squatter.bind(("127.0.0.1", candidate))
+                break
+            except OSError:
+                continue
         squatter.listen()
         taken = squatter.getsockname()[1]
         claimed = free_port()  # as if another process drew it and has not bound it yet
@@ -221,7 +227,7 @@ def test_a_free_port_skips_one_in_use_and_one_another_process_claimed(
         port = free_port()
         assert port not in (taken, claimed)
         # a claim older than the time a caller has to bind is stale: the port is free to draw
-        stale = tmp_path / "jetfleet-ports" / str(claimed)
+        stale = tmp_path / f"jetfleet-ports-{os.getuid()}" / str(claimed)
         os.utime(stale, (0, 0))
         monkeypatch.setattr(random, "SystemRandom", _Draws([claimed]))
         assert free_port() == claimed

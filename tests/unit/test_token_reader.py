@@ -67,7 +67,28 @@ def test_a_cut_inside_a_chunk_keeps_its_first_tokens_and_their_logprobs():
 def test_what_the_reader_missed_is_told_not_invented():
     # it missed attempt 0's chunk 1 (disconnected): the stream holds it
     r = read(chunk(0, 0, 1), chunk(0, 2, 3))
-    assert r.missing() == [1] and r.token_ids == [1, 3]
+    assert r.missing() == [(0, 1)] and r.token_ids == [1, 3]
+    assert read(chunk(0, 0, 1), chunk(0, 2, 3), chunk(0, 1, 2)).token_ids == [1, 2, 3]
     late = read(chunk(0, 0, 1), chunk(1, 0, 4, before=3))  # attempt 1 continues from 3 tokens
     assert late.behind == 2 and late.cut_tokens == 0
-    assert read(chunk(0, 0, 1), chunk(0, 2, 3), chunk(0, 1, 2)).token_ids == [1, 2, 3]
+    # a hole in the old attempt stays on the list after the move: the cut counted without it
+    moved = read(chunk(0, 0, 1), chunk(0, 2, 3), chunk(0, 3, 9), chunk(1, 0, 4, before=3))
+    assert moved.missing() == [(0, 1)]
+    assert read(chunk(0, 0, 1), chunk(1, 0, 4, before=1), chunk(1, 1, 5)).missing() == []
+
+
+def test_the_cut_waits_for_the_new_attempts_first_chunk_whatever_comes_before_it():
+    # attempt 1's chunk 1 came before its chunk 0 (read back from the stream later)
+    r = read(chunk(0, 0, 1), chunk(0, 1, 2), chunk(0, 2, 9), chunk(1, 1, 4))
+    assert r.missing() == [(1, 0)]
+    assert r.take(chunk(1, 0, 3, before=2)) == 1
+    assert (r.token_ids, r.missing()) == ([1, 2, 3, 4], [])
+
+
+def test_an_old_attempts_final_chunk_ends_the_answer_until_the_new_attempt_shows():
+    r = read(chunk(0, 0, 1), chunk(0, 1, 2, end=True))  # it finished while being moved
+    assert r.final is not None and r.final.attempt == 0 and r.token_ids == [1, 2]
+    r.take(chunk(1, 0, 2, before=1))
+    assert r.final is None and r.token_ids == [1, 2]
+    r.take(chunk(1, 1, end=True))
+    assert r.final is not None and r.final.attempt == 1

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.generation import migrated_request, next_attempt
+from router.generation import Generation, NoWorkersError, migrated_request, next_attempt
+from router.service import made_here
 from router.token_stream import Interrupted, TokenStream
 from schemas import Request, SamplingParams, TokenChunk
 
@@ -152,3 +153,49 @@ def test_a_prompt_of_embeddings_cannot_move_once_it_has_generated() -> None:
     assert isinstance(next_attempt(embeds, 0, [], 3, "stalled"), Request)
     ended = next_attempt(embeds, 0, [5], 3, "stalled")
     assert isinstance(ended, TokenChunk) and "prompt_embeds" in (ended.error or "")
+
+
+class NoneLeft:
+    """``Dispatch`` with nowhere to move a request: routing raises ``NoWorkersError``."""
+
+    max_attempts = 3
+
+    async def route(self, request: Request, exclude: object) -> object:
+        raise NoWorkersError("no worker left")
+
+    async def publish(self, request: Request, subject: str, traceparent: str | None) -> None:
+        raise AssertionError("nothing to publish")
+
+    async def cancel(self, request_id: str, reason: str) -> None:
+        pass
+
+    def moved(self, from_worker: str, to_worker: str) -> None:
+        pass
+
+    def first_token(self, request_id: str) -> None:
+        pass
+
+    async def release(self, request_id: str, worker_id: str) -> None:
+        pass
+
+
+async def test_a_new_attempt_that_cannot_start_says_what_it_continued_from() -> None:
+    stream = TokenStream("r", Store())
+    gen = Generation(NoneLeft(), REQ, None, stream)  # type: ignore[arg-type]
+    stream.published()
+    stream.feed(TokenChunk("r", 0, 0, (7, 8), worker_id="w1"))
+    stream.interrupt("stalled")
+    out = [c async for c in gen]
+    assert [c.token_ids for c in out[:-1]] == [(7, 8)]
+    end = out[-1]
+    assert (end.attempt, end.index, end.finish_reason) == (1, 0, "error")
+    assert end.generated_before == 2  # a NATS reader cuts the old attempt's later chunks
+    assert made_here(end)  # the router service publishes it for its NATS clients
+
+
+def test_the_router_service_publishes_the_final_chunks_the_routing_library_makes() -> None:
+    budget_spent = next_attempt(REQ, 3, [7, 8, 9, 10], 3, "stalled")
+    assert isinstance(budget_spent, TokenChunk) and budget_spent.finish_reason == "length"
+    assert made_here(budget_spent)  # a NATS-only client waits for it: it must be published
+    assert not made_here(TokenChunk("r", 0, 3, (5,), finish_reason="stop", worker_id="w1"))
+    assert not made_here(TokenChunk("r", 0, 3, (5,)))
