@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import nats
 import redis.asyncio as aioredis
 import structlog
 from nats.aio.client import Client as NATS
@@ -124,7 +123,9 @@ async def connect_nats(
         **kw,
     }
     servers = [u.strip() for u in url.split(",") if u.strip()]  # a cluster: any of its nodes
-    nc = await nats.connect(servers if len(servers) > 1 else url, **opts)
+    nc = NATS()
+    guard_late_pongs(nc)
+    await nc.connect(servers if len(servers) > 1 else url, **opts)
     client.append(nc)
     if silent_after_s is not None:
         task = asyncio.create_task(watch_liveness(nc, name, silent_after_s))
@@ -155,6 +156,31 @@ async def watch_liveness(nc: NATS, name: str, silent_after_s: float, every_s: fl
                 log.warning("nats_server_silent", client=name, silent_s=round(silent, 1))
 
 
+def guard_late_pongs(nc: NATS) -> None:
+    """Keep ``nc`` reading when a PONG comes after its ``flush()`` timed out.
+
+    nats-py 2.16 cancels a timed-out flush's future but leaves it in its list of PONG waiters;
+    the late PONG then meets it, ``set_result`` raises ``InvalidStateError``, and the client's
+    read loop stops on it without a word ("nats: encountered error"): nothing more is read, no
+    EOF is seen, no reconnect ever starts. A worker paused for a few seconds (SIGSTOP, a long GC,
+    a loaded machine) met exactly that after its liveness check timed out. This is nats-py's own
+    ``_process_pong`` with the one check added: the late PONG answers the timed-out PING, so its
+    waiter is dropped and the counters advance as before. (nats.py#624 fixed the same for the
+    flusher's queue.)"""
+    owner = nc
+
+    async def process_pong() -> None:
+        pongs = owner._pongs
+        if pongs:
+            future = pongs.pop(0)
+            if not future.done():
+                future.set_result(True)
+            owner._pongs_received += 1
+            owner._pings_outstanding = 0
+
+    nc._process_pong = process_pong  # type: ignore[method-assign]
+
+
 def sever_nats(nc: NATS) -> bool:
     """Reset the client's TCP connection now (RST, ``SO_LINGER`` 0) and let it reconnect.
 
@@ -171,7 +197,7 @@ def sever_nats(nc: NATS) -> bool:
         return False
     sock = writer.get_extra_info("socket")
     if sock is not None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):  # ValueError: a closed socket (fd -1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()  # nats-py sees the connection lost and reconnects
     return True

@@ -61,3 +61,40 @@ async def test_a_ping_lost_with_the_old_connection_does_not_sever_the_new_one(
     finally:
         await close_nats(nc)
         server.stop()
+
+
+async def test_a_pong_that_comes_after_its_flush_timed_out_does_not_stop_the_client(
+    tmp_path: Path,
+) -> None:
+    """nats-py 2.16 leaves a timed-out flush's cancelled future among its PONG waiters; the late
+    PONG made its read loop stop for good (no reads, no reconnect: a worker paused for a few
+    seconds kept a dead connection until it was drained). ``connect_nats`` guards it."""
+    server = EmbeddedNats(tmp_path, port=0)
+    server.start()
+    nc = await connect_nats(server.url, "test-liveness", silent_after_s=None)  # no watchdog
+    other = await connect_nats(server.url, "test-liveness-publisher", silent_after_s=None)
+    try:
+        sub = await nc.subscribe("late.pong")
+        await nc.flush()
+        await nc.flush()
+        os.kill(server.pid, signal.SIGSTOP)  # the next PING is answered only when it resumes
+        try:
+            stat = Path(f"/proc/{server.pid}/stat")
+            await wait_for(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", 5, 0.01)
+            try:
+                await nc.flush(timeout=0.3)  # type: ignore[arg-type]
+            except Exception as exc:
+                assert type(exc).__name__ == "FlushTimeoutError", exc
+            else:
+                raise AssertionError("a stopped server answered a PING")
+        finally:
+            os.kill(server.pid, signal.SIGCONT)  # the late PONG comes now
+        await other.publish("late.pong", b"still reading")
+        await other.flush()
+        msg = await sub.next_msg(timeout=5)  # the read loop is alive: the message is read
+        assert msg.data == b"still reading"
+        await nc.flush(timeout=5)  # and PINGs are answered again
+    finally:
+        await close_nats(other)
+        await close_nats(nc)
+        server.stop()
