@@ -2,11 +2,14 @@
 clients (a tokenized ``Request`` submitted on ``fleet.submit.{model}``, chunks read from
 ``fleet.tok.{request_id}``), each request recorded as a ``Trace`` (``tests.chaos.checker``).
 
-The NATS-only client follows the README's protocol (subscribe first, submit with a message id,
-drop a chunk whose ``(attempt, index)`` it has seen) and retries an unacknowledged submit under
-the same message id for up to 10 s, as the frontend does. After its own connection came back, it
-reads a request's chunks again from ``FLEET_TOKENS`` (in the stream's order, the same protocol),
-since core NATS does not redeliver what was in flight to the server it lost.
+The NATS-only client follows the protocol of docs/using/nats-clients.md (subscribe first, submit
+with a message id, read with ``schemas.token_reader.TokenReader``: repeats and older attempts
+dropped, cut back when a migrated attempt begins) and retries an unacknowledged submit under the
+same message id for up to 10 s, as the frontend does. After its own connection came back, it
+reads a request's chunks again from ``FLEET_TOKENS`` into a fresh reader (in the stream's order,
+then what it saw live that the stream lost), since core NATS does not redeliver what was in
+flight to the server it lost. What reached the wire is judged apart: a token stream that carried
+an older attempt's chunk after a newer one's marks its request (``mark_interleaved``).
 
 Every request has a seed from a small set: the mocker's output is a function of the seed alone,
 so ``references`` (one undisturbed request per seed and kind, before the faults) is the answer
@@ -28,6 +31,7 @@ from nats.js import api
 
 from base.connect import connect_nats
 from schemas import Request, SamplingParams, Subjects, TokenChunk, decode, encode
+from schemas.token_reader import TokenReader
 from tests.chaos.checker import Trace, attempts_interleaved
 
 MODEL = "jetfleet-tiny"
@@ -127,7 +131,7 @@ class Load:
                 trace.end, trace.ended_at = "refused:submit not acknowledged", time.monotonic()
                 return
             trace.accepted_at = time.monotonic()
-            seen: dict[tuple[int, int], TokenChunk] = {}
+            reader, live = TokenReader(), []
             caught_up = len(self._reconnected_at)
             while not trace.ended_at:
                 try:
@@ -135,29 +139,32 @@ class Load:
                 except Exception:  # quiet: if this client reconnected meanwhile, catch up
                     if len(self._reconnected_at) > caught_up:
                         caught_up = len(self._reconnected_at)
-                        await self._fill_gaps(trace, seen)
+                        reader = await self._fill_gaps(trace, live, reader)
                     continue
-                self._take(trace, decode(msg.data, TokenChunk), seen)
+                chunk = decode(msg.data, TokenChunk)
+                live.append(chunk)
+                if reader.take(chunk) is not None:
+                    trace.arrivals.append(time.monotonic())
+                    self._show(trace, reader)
             if any(trace.sent_at <= t for t in self._reconnected_at):
-                await self._fill_gaps(trace, seen)
+                await self._fill_gaps(trace, live, reader)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    def _take(
-        self, trace: Trace, chunk: TokenChunk, seen: dict[tuple[int, int], TokenChunk]
-    ) -> bool:
-        key = (chunk.attempt, chunk.index)
-        if key in seen:
-            return False
-        seen[key] = chunk
-        trace.arrivals.append(time.monotonic())
-        trace.output.extend(chunk.token_ids)
-        if chunk.finish_reason == "error":
-            trace.end, trace.ended_at = f"error:{chunk.error}", time.monotonic()
-        elif chunk.finish_reason is not None:
-            trace.end, trace.ended_at = f"finish:{chunk.finish_reason}", time.monotonic()
-        return True
+    @staticmethod
+    def _show(trace: Trace, reader: TokenReader) -> None:
+        """The answer as the reader has it; the end once its final chunk came."""
+        trace.output = list(reader.token_ids)
+        final = reader.final
+        if final is None or trace.ended_at:
+            return
+        trace.ended_at = time.monotonic()
+        trace.end = (
+            f"error:{final.error}"
+            if final.finish_reason == "error"
+            else (f"finish:{final.finish_reason}")
+        )
 
     async def _submit(self, req: Request, for_s: float = 10.0) -> bool:
         assert self._nc is not None
@@ -172,15 +179,21 @@ class Load:
                 await asyncio.sleep(0.25)
         return False
 
-    async def _fill_gaps(self, trace: Trace, seen: dict[tuple[int, int], TokenChunk]) -> None:
-        """After its connection came back (as the frontend does): the chunks it saw live and
-        those the stream holds (what went by while it was away, the final one too), each once,
-        in ``(attempt, index)`` order."""
-        with contextlib.suppress(Exception):  # the stream electing: the next quiet second retries
-            for chunk in await self.stream_chunks(self.subjects.tok(trace.request_id)):
-                if (chunk.attempt, chunk.index) not in seen:
-                    self._take(trace, chunk, seen)
-        trace.output = [t for key in sorted(seen) for t in seen[key].token_ids]
+    async def _fill_gaps(
+        self, trace: Trace, live: list[TokenChunk], reader: TokenReader
+    ) -> TokenReader:
+        """After its connection came back (as the protocol says): the chunks the stream holds
+        (what went by while it was away, the final one too), in the stream's order, then those
+        it saw live that the stream lost, into a fresh reader."""
+        try:
+            stored = await self.stream_chunks(self.subjects.tok(trace.request_id))
+        except Exception:  # the stream electing: the next quiet second retries
+            return reader
+        fresh = TokenReader()
+        for chunk in [*stored, *live]:
+            fresh.take(chunk)
+        self._show(trace, fresh)
+        return fresh
 
     async def stream_chunks(self, subject: str, idle_s: float = 2.0) -> list[TokenChunk]:
         """Every chunk ``FLEET_TOKENS`` holds on ``subject`` (wildcards too), in stream order."""
