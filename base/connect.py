@@ -167,16 +167,14 @@ def guard_late_pongs(nc: NATS) -> None:
     ``_process_pong`` with the one check added: the late PONG answers the timed-out PING, so its
     waiter is dropped and the counters advance as before. (nats.py#624 fixed the same for the
     flusher's queue.)"""
-    owner = nc
 
     async def process_pong() -> None:
-        pongs = owner._pongs
-        if pongs:
-            future = pongs.pop(0)
+        if nc._pongs:
+            future = nc._pongs.pop(0)
             if not future.done():
                 future.set_result(True)
-            owner._pongs_received += 1
-            owner._pings_outstanding = 0
+            nc._pongs_received += 1
+            nc._pings_outstanding = 0
 
     nc._process_pong = process_pong  # type: ignore[method-assign]
 

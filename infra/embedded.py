@@ -108,8 +108,7 @@ def _claim(port: int) -> bool:
         with contextlib.suppress(FileNotFoundError):
             if now - path.stat().st_mtime < _CLAIM_S:
                 return False
-        path.touch()
-        os.utime(path, (now, now))
+        path.touch()  # made, or its time renewed
         if random.random() < 0.02:  # now and then, drop the claims nobody holds any more
             for old in claims.iterdir():
                 with contextlib.suppress(OSError):

@@ -160,11 +160,8 @@ class Load:
         if final is None or trace.ended_at:
             return
         trace.ended_at = time.monotonic()
-        trace.end = (
-            f"error:{final.error}"
-            if final.finish_reason == "error"
-            else (f"finish:{final.finish_reason}")
-        )
+        reason = final.finish_reason
+        trace.end = f"error:{final.error}" if reason == "error" else f"finish:{reason}"
 
     async def _submit(self, req: Request, for_s: float = 10.0) -> bool:
         assert self._nc is not None

@@ -13,7 +13,6 @@ import pytest
 
 from base.connect import connect_nats
 from infra.command import cli_command
-from infra.tools import fleet_status
 from schemas import RequestObservation, Subjects, decode
 from tests.support.clients import sse_events, subscribed
 from tests.support.fleet import Fleet
@@ -36,15 +35,6 @@ def slow_fleet(nats_server, tmp_path_factory):
     f.start_frontend("--router", "round-robin", "--stall-timeout", "5")
     yield f
     f.stop()
-
-
-async def live_workers(fleet: Fleet) -> dict[str, dict]:
-    nc = await connect_nats(fleet.nats_url, name="test-status")
-    try:
-        report = await fleet_status(nc, Subjects(fleet.prefix))
-    finally:
-        await nc.close()
-    return {w["worker_id"]: w for w in report["workers"] if w["status"] == "ready"}
 
 
 class Observations:
@@ -87,7 +77,7 @@ async def test_two_workers_share_load(slow_fleet):
 
 
 async def _count(fleet: Fleet, n: int) -> bool:
-    return len(await live_workers(fleet)) == n
+    return len(await fleet.ready_workers()) == n
 
 
 async def test_client_disconnect_cancels_generation(slow_fleet):
@@ -101,7 +91,9 @@ async def test_client_disconnect_cancels_generation(slow_fleet):
         await wait_for(lambda: any(o.status == "cancelled" for o in obs.items), timeout=10)
 
         async def idle() -> bool:
-            return all(w.get("num_running") == 0 for w in (await live_workers(slow_fleet)).values())
+            return all(
+                w.get("num_running") == 0 for w in (await slow_fleet.ready_workers()).values()
+            )
 
         await wait_for(idle, timeout=10)
     # 3000 tokens at real mocker speed would take ~17 s more; a cancel takes a NATS hop, a load
@@ -214,13 +206,13 @@ async def test_a_queue_longer_than_the_stall_timeout_is_waited_for_not_migrated(
 
 async def _serving_worker(fleet: Fleet) -> str:
     async def busy() -> list[str]:
-        return [w for w, v in (await live_workers(fleet)).items() if v.get("num_running")]
+        return [w for w, v in (await fleet.ready_workers()).items() if v.get("num_running")]
 
     return str((await wait_for(busy, timeout=5, interval=0.1))[0])
 
 
 async def test_new_worker_takes_over_new_requests(slow_fleet):
-    before = set(await live_workers(slow_fleet))
+    before = set(await slow_fleet.ready_workers())
     victim = sorted(before)[0]
     slow_fleet.kill(victim)
     newcomer = slow_fleet.add_worker()
@@ -234,11 +226,11 @@ async def test_new_worker_takes_over_new_requests(slow_fleet):
 
 
 async def _has(fleet: Fleet, worker_id: str) -> bool:
-    return worker_id in await live_workers(fleet)
+    return worker_id in await fleet.ready_workers()
 
 
 async def _gone(fleet: Fleet, worker_id: str) -> bool:
-    return worker_id not in await live_workers(fleet)
+    return worker_id not in await fleet.ready_workers()
 
 
 async def test_sigterm_drains_in_flight_work(slow_fleet):

@@ -14,10 +14,8 @@ import uuid
 
 import pytest
 from nats.aio.client import Client as NATS
-from nats.js.errors import BucketNotFoundError
 
 from base.connect import connect_nats
-from infra.tools import fleet_status
 from schemas import Request, SamplingParams, Subjects, TokenChunk, decode, encode
 from schemas.token_reader import TokenReader
 from tests.support.clients import subscribed
@@ -26,17 +24,6 @@ from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 M = "jetfleet-tiny"
-
-
-async def _ready_workers(fleet: Fleet) -> int:
-    nc = await connect_nats(fleet.nats_url, name="test-status")
-    try:
-        report = await fleet_status(nc, Subjects(fleet.prefix))
-    except BucketNotFoundError:  # no worker has started far enough to make it
-        return 0
-    finally:
-        await nc.close()
-    return sum(w["status"] == "ready" for w in report["workers"])
 
 
 async def _stream(nc: NATS, s: Subjects, on_chunk=None) -> list[TokenChunk]:
@@ -75,7 +62,7 @@ async def test_a_nats_client_reading_by_the_contract_gets_the_undisturbed_answer
         f.add_worker()
         f.add_worker()
         f.start_router_service("--router", "round-robin", "--stall-timeout", "1")
-        await wait_for(lambda: _count_is(f, 2), timeout=30)
+        await wait_for(lambda: _two_ready(f), timeout=30)
         nc = await connect_nats(f.nats_url, name="test-nats-client")
         s = Subjects(f.prefix)
 
@@ -113,5 +100,5 @@ async def test_a_nats_client_reading_by_the_contract_gets_the_undisturbed_answer
     assert seen_once != _read(calm)
 
 
-async def _count_is(fleet: Fleet, n: int) -> bool:
-    return await _ready_workers(fleet) == n
+async def _two_ready(fleet: Fleet) -> bool:
+    return len(await fleet.ready_workers()) == 2

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
@@ -97,6 +98,24 @@ class Fleet:
 
     def log(self, name: str) -> str:
         return (self.log_dir / f"{name}.log").read_text(errors="replace")
+
+    async def ready_workers(self) -> dict[str, dict[str, Any]]:
+        """The workers registered as ready, by id, as ``jetfleet status`` reads them (none yet
+        before the first worker made the registrations bucket)."""
+        from nats.js.errors import BucketNotFoundError
+
+        from base.connect import connect_nats
+        from infra.tools import fleet_status
+        from schemas import Subjects
+
+        nc = await connect_nats(self.nats_url, name="test-status")
+        try:
+            report = await fleet_status(nc, Subjects(self.prefix))
+        except BucketNotFoundError:
+            return {}
+        finally:
+            await nc.close()
+        return {w["worker_id"]: w for w in report["workers"] if w["status"] == "ready"}
 
     def stop(self) -> None:
         self.group.stop_all(timeout_s=20)
