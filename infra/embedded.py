@@ -121,7 +121,7 @@ def _claim(port: int) -> bool:
         os.close(lock)  # and the lock with it
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def free_port(host: str = "127.0.0.1", bus_offset: int = 0) -> int:
     """A TCP port free now that no other caller on this machine is handed for a while.
 
     Binding port 0 and reading it back returns a port from the kernel's ephemeral range, which
@@ -129,22 +129,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     server binds it (a parallel test run saw "cannot listen on 127.0.0.1:32795: it is in use").
     So the port is drawn at random below that range, probed with a bind, and claimed with a file
     under the temp dir so that another process drawing the same port moves on to another one.
+
+    ``bus_offset``: the server also listens on ``port + bus_offset`` (a Redis Cluster node's bus,
+    10000 above its client port): that port is probed and claimed too, below the range as well.
     """
     low, _ = _ephemeral_range()
-    if low - _PORT_FLOOR >= 1_000:
+    if low - bus_offset - _PORT_FLOOR >= 1_000:
         rng = random.SystemRandom()
         for _ in range(200):
-            port = rng.randrange(_PORT_FLOOR, low)
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
-            if _claim(port):
+            port = rng.randrange(_PORT_FLOOR, low - bus_offset)
+            ports = (port, port + bus_offset) if bus_offset else (port,)
+            if all(_bindable(host, p) for p in ports) and all(_claim(p) for p in ports):
                 return port
-    with socket.socket() as s:  # an unusual port range: the kernel's choice
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    for _ in range(200):  # an unusual port range: the kernel's choice
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if not bus_offset or _bindable(host, port + bus_offset):
+            return port
+    raise OSError(f"no free port on {host} with port + {bus_offset} free too")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_is_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
@@ -442,7 +454,7 @@ class EmbeddedRedis(_Server):
             super().start(timeout_s)
             return
         for attempt in range(self._PORT_ATTEMPTS):  # a probed port may be taken meanwhile
-            self.port = free_port(self.host)
+            self.port = self._free_port()
             try:
                 super().start(timeout_s)
                 return
@@ -452,6 +464,9 @@ class EmbeddedRedis(_Server):
                     self.port = 0
                     raise
                 log.info("server_port_taken", server=self.name, port=self.port)
+
+    def _free_port(self) -> int:
+        return free_port(self.host)
 
     def _argv(self) -> list[str]:
         return [

@@ -231,3 +231,17 @@ def test_a_free_port_skips_one_in_use_and_one_another_process_claimed(
         os.utime(stale, (0, 0))
         monkeypatch.setattr(random, "SystemRandom", _Draws([claimed]))
         assert free_port() == claimed
+
+
+def test_a_free_port_with_a_bus_port_has_both_free_claimed_and_below_the_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Redis Cluster node listens on its port and on port + 10000 (its cluster bus)."""
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    low, _ = embedded._ephemeral_range()
+    ports = [free_port(bus_offset=10_000) for _ in range(200)]
+    handed = set(ports) | {p + 10_000 for p in ports}
+    assert len(handed) == 2 * len(ports)  # no port, nor bus port, handed twice
+    assert all(10_000 <= p < p + 10_000 < low for p in ports)
+    claims = tmp_path / f"jetfleet-ports-{os.getuid()}"
+    assert handed <= {int(f.name) for f in claims.iterdir() if f.name.isdigit()}
