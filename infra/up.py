@@ -21,6 +21,7 @@ from base.process import ProcessGroup, Restarter, wait_http_ok
 from infra.cli.components import engine_argv, routing_argv
 from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from infra.embedded_cluster import CLUSTER_BUS_OFFSET, ClusterNode, EmbeddedRedisCluster
 from schemas import Subjects
 from workers.engines.vllm.platform import fleet_cpu_threads
 
@@ -56,7 +57,9 @@ def _wait_for_signal() -> None:
 
 def _fleet_servers(args: argparse.Namespace) -> tuple[str, str, list[EmbeddedNats | EmbeddedRedis]]:
     """NATS and Redis URLs for the fleet: the ones given (``up --nats``, ``--redis``: a cluster, a
-    Sentinel set, any server already running), else embedded ones started here (stop them)."""
+    Sentinel set, any server already running), else embedded ones started here (stop them). With
+    ``--redis-shards N`` above 1 the embedded Redis is a Redis Cluster of N masters: its seed URL
+    goes where the single server's would, its nodes are in the servers to stop."""
     state = Path(args.state_dir).resolve()
     started: list[EmbeddedNats | EmbeddedRedis] = []
 
@@ -65,13 +68,25 @@ def _fleet_servers(args: argparse.Namespace) -> tuple[str, str, list[EmbeddedNat
         started.append(server)
         return server.url
 
+    def embedded_cluster(cluster: EmbeddedRedisCluster) -> str:
+        cluster.start()  # (stops the nodes it started if it fails)
+        started.extend(cluster.nodes)
+        return cluster.url
+
     try:
         nats_url = getattr(args, "nats", None) or embedded(
             EmbeddedNats(state / "nats", port=args.nats_port, sync_interval=args.nats_sync_interval)
         )
-        redis_url = getattr(args, "redis", None) or embedded(
-            EmbeddedRedis(state / "redis", port=args.redis_port)
-        )
+        if getattr(args, "redis", None):
+            redis_url = str(args.redis)
+        elif args.redis_shards > 1:
+            redis_url = embedded_cluster(
+                EmbeddedRedisCluster(
+                    state / "redis-cluster", masters=args.redis_shards, base_port=args.redis_port
+                )
+            )
+        else:
+            redis_url = embedded(EmbeddedRedis(state / "redis", port=args.redis_port))
     except BaseException:
         for server in reversed(started):
             server.stop()
@@ -82,7 +97,9 @@ def _fleet_servers(args: argparse.Namespace) -> tuple[str, str, list[EmbeddedNat
 def run_servers(args: argparse.Namespace) -> int:
     _install_stop_handlers()
     nats_url, redis_url, servers = _fleet_servers(args)
-    print(f"NATS  {nats_url}\nRedis {redis_url}\n(Ctrl-C stops them)", flush=True)
+    nodes = " ".join(s.url for s in servers if isinstance(s, ClusterNode))
+    cluster = f" (Redis Cluster seed; every node: {nodes})" if nodes else ""
+    print(f"NATS  {nats_url}\nRedis {redis_url}{cluster}\n(Ctrl-C stops them)", flush=True)
     try:
         _wait_for_signal()
     finally:
@@ -247,7 +264,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "
             f"({pools} {args.engine} workers{scaling}, router {args.router})\n"
             f"NATS {nats_url} (clients publish on {subjects.prefix}.submit.MODEL)  "
-            f"Redis {redis_url}  logs {group.log_dir}\n"
+            f"Redis {redis_url}{_cluster_note(args)}  logs {group.log_dir}\n"
             "(Ctrl-C stops the fleet; a second Ctrl-C stops it at once)"
         )
         with contextlib.suppress(_Stop):
@@ -288,6 +305,12 @@ def _wait_ready(args: argparse.Namespace, group: ProcessGroup) -> None:
     )
 
 
+def _cluster_note(args: argparse.Namespace) -> str:
+    if args.redis or args.redis_shards == 1:
+        return ""
+    return f" (seed of the embedded cluster of {args.redis_shards} masters)"
+
+
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
@@ -299,9 +322,20 @@ def _ports_taken(args: argparse.Namespace) -> str:
     if not getattr(args, "nats", None) and args.nats_port:
         wanted.append(("127.0.0.1", args.nats_port, "--nats-port"))
     if not getattr(args, "redis", None) and args.redis_port:
-        wanted.append(("127.0.0.1", args.redis_port, "--redis-port"))
+        wanted += _redis_ports(args.redis_port, args.redis_shards)
     busy = [f"{host}:{port} ({flag})" for host, port, flag in wanted if not _free(host, port)]
     return ", ".join(busy)
+
+
+def _redis_ports(base: int, shards: int) -> list[tuple[str, int, str]]:
+    """The embedded Redis's ports: one, or a cluster's node ports and their bus ports."""
+    if shards == 1:
+        return [("127.0.0.1", base, "--redis-port")]
+    nodes = [
+        ("127.0.0.1", base + i, "--redis-port" + (f" + {i}" if i else "")) for i in range(shards)
+    ]
+    bus = [(h, p + CLUSTER_BUS_OFFSET, f"{flag} + 10000, cluster bus") for h, p, flag in nodes]
+    return nodes + bus
 
 
 def _free(host: str, port: int) -> bool:

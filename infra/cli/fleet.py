@@ -23,6 +23,17 @@ NATS_SYNC_OPTS: dict[str, Any] = {
     "once and a power cut loses what was not yet written back",
 }
 
+# the embedded Redis: one redis-server, or a Redis Cluster of N masters (infra/embedded_cluster.py)
+REDIS_SHARDS_FLAG = ("--redis-shards",)
+REDIS_SHARDS_OPTS: dict[str, Any] = {
+    "type": int,
+    "default": 1,
+    "metavar": "N",
+    "help": "embedded Redis: 1 (default) a single redis-server; N > 1 a Redis Cluster of N "
+    "masters on --redis-port and the N-1 ports after it (each also on port + 10000, its cluster "
+    "bus), the 16384 slots split evenly; its first node's URL is the seed the fleet is given",
+}
+
 
 def add_commands(sub: Any) -> None:
     up = sub.add_parser(
@@ -42,6 +53,7 @@ def add_commands(sub: Any) -> None:
     g.add_argument("--nats-port", type=int, default=14222, help="embedded NATS (default: 14222)")
     g.add_argument("--redis-port", type=int, default=16379, help="embedded Redis (default: 16379)")
     g.add_argument(*NATS_SYNC_FLAG, **NATS_SYNC_OPTS)
+    g.add_argument(*REDIS_SHARDS_FLAG, **REDIS_SHARDS_OPTS)
     g.add_argument(
         "--nats",
         default=None,
@@ -93,6 +105,7 @@ def add_commands(sub: Any) -> None:
     srv.add_argument("--nats-port", type=int, default=14222, help="NATS port (0: any free one)")
     srv.add_argument("--redis-port", type=int, default=16379, help="Redis port (0: any free one)")
     srv.add_argument(*NATS_SYNC_FLAG, **NATS_SYNC_OPTS)
+    srv.add_argument(*REDIS_SHARDS_FLAG, **REDIS_SHARDS_OPTS)
     srv.add_argument("--state-dir", default=".jetfleet", help="server data and logs")
 
     infra = sub.add_parser("infra", help="infrastructure")
@@ -125,6 +138,9 @@ def add_commands(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], Any]) -> int:
+    if args.cmd in ("up", "servers") and (problem := _redis_shards_problem(args)):
+        print(f"jetfleet {args.cmd}: {problem}", file=sys.stderr)
+        return 2
     if args.cmd == "up":
         from infra.up import run_up
 
@@ -160,3 +176,14 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
             runner(control(args.nats, subjects, args.worker, args.op, op_args, args.timeout))
         )
     return 2
+
+
+def _redis_shards_problem(args: argparse.Namespace) -> str:
+    """Why ``--redis-shards`` cannot be done as asked ("" when it can)."""
+    if args.redis_shards < 1:
+        return f"--redis-shards is 1 or more, not {args.redis_shards}"
+    if args.redis_shards > 1 and getattr(args, "redis", None):
+        return (
+            "--redis-shards starts an embedded Redis Cluster; with --redis there is none to start"
+        )
+    return ""

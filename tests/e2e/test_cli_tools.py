@@ -14,7 +14,9 @@ import httpx
 import nats
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
+from base.redis_slots import slot_range, tag_for_range
 from infra.command import cli_command
 from schemas import Subjects
 from schemas.streams import fleet_topology
@@ -53,6 +55,33 @@ def test_servers_runs_nats_and_redis_until_ctrl_c(tmp_path: Path) -> None:
         code = proc.wait(30)
     assert code == 0, out.read_text()
     assert out.read_text().count("server_stopped") == 2
+
+
+def test_servers_with_redis_shards_runs_a_redis_cluster_until_ctrl_c(tmp_path: Path) -> None:
+    out = tmp_path / "servers.out"
+    argv = cli_command(
+        "servers", "--nats-port", "0", "--redis-port", "0", "--redis-shards", "3",
+        "--state-dir", str(tmp_path / "s"), "--log-format", "console",
+    )  # fmt: skip
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        m = wait_line(out, r"\nRedis +(\S+) \(Redis Cluster seed; every node: ([^)]+)\)", 60, proc)
+        seed, nodes = m.group(1), m.group(2).split()
+        assert len(set(nodes)) == 3 and seed == nodes[0]
+        for url in nodes:
+            with redis.Redis.from_url(url) as r:
+                info = r.execute_command("CLUSTER", "INFO").decode()
+            assert "cluster_state:ok" in info and "cluster_known_nodes:3" in info
+        keys = [f"{tag_for_range('cli', *slot_range(i, 3))}:k" for i in range(3)]
+        with RedisCluster.from_url(seed) as rc:
+            for key in keys:
+                assert rc.set(key, key) and rc.get(key) == key.encode()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+    assert code == 0, out.read_text()
+    assert out.read_text().count("server_stopped") == 4  # NATS and the 3 nodes
 
 
 async def test_infra_init_creates_every_stream_and_bucket_twice_over(nats_url: str) -> None:

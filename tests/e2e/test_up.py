@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from anthropic import Anthropic
 
 from base.process import wait_http_ok
 from infra.command import cli_command
-from infra.embedded import free_port
+from infra.embedded import free_port, port_is_open
 from tests.support.clients import openai_client
-from tests.support.up import up_argv
+from tests.support.up import running_up, up_argv
 from tests.support.wait import wait_line, wait_until
 
 pytestmark = pytest.mark.integration
@@ -505,6 +506,40 @@ def test_up_on_a_redis_that_does_not_answer_says_so_and_exits(tmp_path: Path) ->
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"cannot reach Redis at {dead}" in done.stdout
+
+
+def test_up_with_redis_shards_runs_on_an_embedded_redis_cluster(tmp_path: Path) -> None:
+    """``--redis-shards 3``: the Redis up starts is a 3-master Redis Cluster and the fleet is
+    given its seed URL (a router without Redis here: the index's sharding is wired apart)."""
+    with running_up(tmp_path, 1, "--redis-shards", "3", "--router", "round-robin") as fleet:
+        assert "(seed of the embedded cluster of 3 masters)" in fleet.log.read_text()
+        with redis.Redis.from_url(fleet.redis_url) as r:
+            info = r.execute_command("CLUSTER", "INFO").decode()
+            nodes = r.execute_command("CLUSTER", "NODES").decode().splitlines()
+        assert "cluster_state:ok" in info and "cluster_size:3" in info
+        ports = [int(line.split()[1].split("@")[0].rsplit(":", 1)[1]) for line in nodes]
+        reply = openai_client(fleet.base_url).completions.create(
+            model="jetfleet-tiny", prompt="hello", max_tokens=4
+        )
+        assert reply.choices[0].text
+    assert not any(port_is_open("127.0.0.1", port) for port in ports)  # Ctrl-C stopped them
+
+
+def test_up_says_which_port_of_a_redis_cluster_is_in_use(tmp_path: Path) -> None:
+    """A cluster node listens on its port and on port + 10000: a taken bus port is named."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        bus = taken.getsockname()[1]
+        base = bus - 10_000 - 1  # node 1's bus port is the taken one
+        argv = up_argv(tmp_path, free_port(), "--workers", "1", "--no-planner")
+        argv[argv.index("--redis-port") + 1] = str(base)
+        done = subprocess.run(
+            [*argv, "--redis-shards", "3"], capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"127.0.0.1:{bus} (--redis-port + 1 + 10000, cluster bus) already in use" in done.stdout
+    assert not (tmp_path / "state").exists()
 
 
 def test_up_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:

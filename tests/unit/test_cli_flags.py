@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from infra.cli import build_parser, parse_args
+from infra.cli import build_parser, fleet, parse_args
 from infra.cli.components import (
     CLIENT,
     FRONTEND,
@@ -24,6 +24,7 @@ from infra.cli.components import (
 from infra.cli.flags import ConfigFlags, Flag, field_docs
 from router.client import ClientConfig
 from router.kv.router import KvRouterConfig
+from schemas import Subjects
 from workers.engines.mocker.config import MockerConfig
 
 
@@ -209,3 +210,23 @@ def test_up_runs_on_given_servers_or_embedded_ones() -> None:
         "redis://r:6379/0",
         3,
     )
+
+
+@pytest.mark.parametrize("command", ["up", "servers"])
+def test_the_embedded_redis_is_one_server_unless_shards_are_asked(command: str) -> None:
+    assert parse(command).redis_shards == 1
+    assert parse(command, "--redis-shards", "3").redis_shards == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["servers", "--redis-shards", "0"], "--redis-shards is 1 or more, not 0"),
+        (["up", "--redis", "redis://h:1", "--redis-shards", "3"], "with --redis there is none"),
+    ],
+)
+def test_redis_shards_that_cannot_be_started_are_refused(
+    argv: list[str], problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert fleet.run(parse(*argv), Subjects(), runner=lambda _: 0) == 2
+    assert problem in capsys.readouterr().err
