@@ -8,7 +8,16 @@ import struct
 import pytest
 import xxhash
 
-from schemas.hashing import block_hashes, chain_hash, hash_seed, local_block_hashes
+from schemas.hashing import (
+    SHALLOW_TAGS,
+    block_hashes,
+    branch_tag,
+    chain_hash,
+    check_branch_blocks,
+    hash_seed,
+    is_shallow,
+    local_block_hashes,
+)
 
 BLOCK_SIZES = [1, 2, 4, 16, 64]
 SEEDS = [0, hash_seed("lora-a"), hash_seed(namespace="tenant-1")]
@@ -19,16 +28,61 @@ def _tokens(n: int, seed: int = 7) -> list[int]:
     return [rng.randrange(0, 1 << 17) for _ in range(n)]
 
 
+def _tagged(raw: int, tag: int) -> int:
+    return (raw & ((1 << 56) - 1)) | (tag << 56)
+
+
 def test_wire_format_is_pinned() -> None:
-    """Little-endian u32 tokens, XXH3-64 seeded; chaining over two little-endian u64s."""
-    tokens, seed = [1, 2, 3, 4, 5, 6, 7, 8], 42
-    local0 = xxhash.xxh3_64_intdigest(struct.pack("<4I", 1, 2, 3, 4), seed)
-    local1 = xxhash.xxh3_64_intdigest(struct.pack("<4I", 5, 6, 7, 8), seed)
-    seq1 = xxhash.xxh3_64_intdigest(struct.pack("<QQ", local0, local1), seed)
-    assert local_block_hashes(tokens, 4, seed) == [local0, local1]
-    assert block_hashes(tokens, 4, seed) == [local0, seq1]
-    assert chain_hash(None, local0, seed) == local0
-    assert chain_hash(local0, local1, seed) == seq1
+    """Little-endian u32 tokens, XXH3-64 seeded; chaining over two little-endian u64s; the top
+    byte replaced by the branch tag (shallow depth, then the branch point's, then inherited)."""
+    tokens, seed = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 42
+    local = [
+        xxhash.xxh3_64_intdigest(struct.pack("<4I", *tokens[i : i + 4]), seed) for i in (0, 4, 8)
+    ]
+    assert local_block_hashes(tokens, 4, seed) == local
+    # branch_blocks=2: block 0 is shallow (tag 0), block 1 is the branch point, block 2 inherits
+    seq0 = _tagged(local[0], 0)
+    raw1 = xxhash.xxh3_64_intdigest(struct.pack("<QQ", seq0, local[1]), seed)
+    seq1 = _tagged(raw1, SHALLOW_TAGS + (raw1 >> 56) % (256 - SHALLOW_TAGS))
+    raw2 = xxhash.xxh3_64_intdigest(struct.pack("<QQ", seq1, local[2]), seed)
+    seq2 = _tagged(raw2, seq1 >> 56)
+    assert block_hashes(tokens, 4, seed, branch_blocks=2) == [seq0, seq1, seq2]
+    assert chain_hash(None, local[0], seed, 2) == seq0
+    assert chain_hash(seq0, local[1], seed, 2) == seq1
+    assert chain_hash(seq1, local[2], seed, 2) == seq2
+
+
+@pytest.mark.parametrize("branch_blocks", [1, 2, 4, 7])
+def test_a_chain_carries_its_branch_tag_from_the_branch_point_on(branch_blocks: int) -> None:
+    tokens = _tokens(16 * 4)
+    hashes = block_hashes(tokens, 4, branch_blocks=branch_blocks)
+    tags = [branch_tag(h) for h in hashes]
+    assert tags[: branch_blocks - 1] == list(range(branch_blocks - 1))  # shallow: their depth
+    assert [is_shallow(h) for h in hashes] == [i < branch_blocks - 1 for i in range(16)]
+    anchor = tags[branch_blocks - 1]
+    assert anchor >= SHALLOW_TAGS and set(tags[branch_blocks - 1 :]) == {anchor}
+
+
+def test_branch_tags_spread_over_the_tag_space() -> None:
+    tags = {
+        branch_tag(block_hashes(_tokens(8, seed=s), 4, branch_blocks=1)[0]) for s in range(4000)
+    }
+    assert len(tags) > 0.9 * (256 - SHALLOW_TAGS)
+    assert min(tags) >= SHALLOW_TAGS
+
+
+def test_prompts_sharing_the_branch_blocks_share_the_tag() -> None:
+    head = _tokens(4 * 4, seed=11)
+    a = block_hashes(head + _tokens(32, seed=1), 4, branch_blocks=4)
+    b = block_hashes(head + _tokens(32, seed=2), 4, branch_blocks=4)
+    assert a[:4] == b[:4] and a[4] != b[4]
+    assert {branch_tag(h) for h in a[3:]} == {branch_tag(h) for h in b[3:]}
+
+
+@pytest.mark.parametrize("branch_blocks", [0, 65])
+def test_branch_blocks_is_bounded(branch_blocks: int) -> None:
+    with pytest.raises(ValueError):
+        check_branch_blocks(branch_blocks)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
@@ -82,6 +136,7 @@ def test_same_block_elsewhere_has_same_local_but_different_chained_hash(block_si
     chained = block_hashes(tokens, block_size)
     assert local[0] == local[2]
     assert chained[0] != chained[2]
+    assert block_hashes(block, block_size, branch_blocks=1) != block_hashes(block, block_size)
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
