@@ -9,10 +9,12 @@ from schemas.discovery import ModelCard, WorkerRegistration, WorkerRole, WorkerS
 from schemas.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
+    BlocksSnapshot,
     BlockStored,
     IndexSnapshot,
     KvEventBatch,
-    WorkerIndexSnapshot,
+    ShapeChanged,
+    SlotTableSnapshot,
 )
 from schemas.metrics import RequestObservation, WorkerLoad
 from schemas.requests import (
@@ -32,6 +34,7 @@ __all__ = [
     "AllBlocksCleared",
     "BlockRemoved",
     "BlockStored",
+    "BlocksSnapshot",
     "CancelRequested",
     "ControlReply",
     "ControlRequest",
@@ -47,13 +50,14 @@ __all__ = [
     "ScalingDecided",
     "ScalingDecision",
     "ScalingStatus",
+    "ShapeChanged",
+    "SlotTableSnapshot",
     "StructuredOutput",
     "Subjects",
     "TokenChunk",
     "TokenLogprob",
     "Usage",
     "WireDecodeError",
-    "WorkerIndexSnapshot",
     "WorkerLoad",
     "WorkerRegistration",
     "WorkerRole",

@@ -16,6 +16,8 @@ from typing import Literal
 
 import msgspec
 
+from schemas.hashing import DEFAULT_BRANCH_BLOCKS
+
 WorkerRole = Literal["agg", "prefill", "decode"]
 BY_HAND = "hand"  # WorkerRegistration.managed_by of a worker no connector started
 WorkerStatus = Literal["ready", "draining"]
@@ -43,6 +45,8 @@ class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
     managed_by: str = ""
     # LoRA adapters loaded on the worker: a request for one goes only to workers listing it
     loras: tuple[str, ...] = ()
+    # the branch point of its block hashes (``schemas.hashing``): how a router hashes prompts
+    kv_branch_blocks: int = DEFAULT_BRANCH_BLOCKS
     v: int = 1
 
 
@@ -64,4 +68,5 @@ class ModelCard(msgspec.Struct, frozen=True, omit_defaults=True):
     tasks: tuple[str, ...] = ("generate",)  # what its workers answer: "generate", "embed"
     hidden_size: int = 0  # the embedding size (0: unknown)
     matryoshka_dimensions: tuple[int, ...] | None = None  # sizes ``dimensions`` may ask; ()=any
+    kv_branch_blocks: int = DEFAULT_BRANCH_BLOCKS  # how its workers hash blocks (schemas.hashing)
     v: int = 1

@@ -1,17 +1,23 @@
 """KV cache block events: stream ``FLEET_KV``, subject fleet.kv.{model}.{worker}.
 
 Modeled on vLLM's ``kv_events.py``: a batch envelope around a tagged union of
-``BlockStored | BlockRemoved | AllBlocksCleared``. ``event_id`` increases by one per batch per
-worker, so a consumer can detect a gap and rebuild that worker's entries. ``block_hashes`` are the
-engine's own hashes (opaque for vLLM); the indexer recomputes the fleet's chained hashes from
-``token_ids`` (see ``schemas.hashing``) and keeps the mapping engine hash -> fleet hash.
+``BlockStored | BlockRemoved | AllBlocksCleared`` (+ ``ShapeChanged``). ``event_id`` increases by
+one per batch per worker, so a consumer can detect a gap and rebuild that worker's entries.
+
+Version 3 (written by every worker of this release): ``block_hashes`` and ``parent_block_hash``
+are the **fleet's** chained hashes (``schemas.hashing``, tagged with their branch), computed in the
+worker, which knows its engine's blocks (vLLM's opaque hashes are translated there, as NVIDIA
+Dynamo's publishers do); the indexer applies them as they come and keeps no per-block state.
+``token_ids`` may be left out. ``ShapeChanged`` says whether the worker's blocks in a tier are
+prefix-closed (every block held has its parent held, see ``workers/kv_shape.py``), so the index
+can bisect its chains instead of walking them. Versions 1 and 2 carried the engine's own hashes
+and the token ids (the indexer recomputed the fleet's); an indexer still reads them from
+engines that hashed like the fleet (see ``router/kv/translate.py``).
 
 ``medium`` says which tier of the worker's cache the event is about (vLLM's field of the same
 name): ``GPU`` (the default, left out on the wire), ``CPU`` (host memory: vLLM's CPU offloading,
 LMCache, the mocker's ``--num-cpu-blocks``) or ``DISK``. A block is in the worker's cache while it
-is in any tier. ``AllBlocksCleared`` without a medium clears every tier. Version 2 of the batch
-added ``medium``; a worker writes a batch whose events are all about GPU memory as version 1, so
-an older indexer still reads it.
+is in any tier. ``AllBlocksCleared`` without a medium clears every tier.
 """
 
 from __future__ import annotations
@@ -26,16 +32,16 @@ OFFLOAD_MEDIA: tuple[Medium, ...] = ("CPU", "DISK")  # the tiers below GPU memor
 
 
 class BlockStored(msgspec.Struct, frozen=True, tag="stored", omit_defaults=True):
-    block_hashes: tuple[int, ...]  # engine hashes of the newly filled blocks, in chain order
-    parent_block_hash: int | None  # engine hash of the block before the first one (None: root)
-    token_ids: tuple[int, ...]  # len == block_size * len(block_hashes)
-    block_size: int
+    block_hashes: tuple[int, ...]  # the newly filled blocks, in chain order (v3: fleet hashes)
+    parent_block_hash: int | None  # the block before the first one (None: root)
+    token_ids: tuple[int, ...] = ()  # block_size * len(block_hashes), or none (v3)
+    block_size: int = 0
     lora_name: str | None = None
     medium: Medium = GPU
 
 
 class BlockRemoved(msgspec.Struct, frozen=True, tag="removed", omit_defaults=True):
-    block_hashes: tuple[int, ...]  # engine hashes evicted from the cache
+    block_hashes: tuple[int, ...]  # blocks evicted from the cache (v3: fleet hashes)
     medium: Medium = GPU
 
 
@@ -43,7 +49,16 @@ class AllBlocksCleared(msgspec.Struct, frozen=True, tag="cleared", omit_defaults
     medium: Medium | None = None  # None: every tier
 
 
-KvCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+class ShapeChanged(msgspec.Struct, frozen=True, tag="shape", omit_defaults=True):
+    """From now on the worker's blocks in ``medium`` are (or are no longer) prefix-closed."""
+
+    prefix_closed: bool
+    medium: Medium = GPU
+
+
+KvCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared | ShapeChanged
+
+KV_BATCH_VERSION = 3  # fleet hashes, optional token ids, ShapeChanged
 
 
 class KvEventBatch(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -52,30 +67,43 @@ class KvEventBatch(msgspec.Struct, frozen=True, omit_defaults=True):
     event_id: int  # per worker, +1 per batch, starting at 1
     ts_s: float
     events: tuple[KvCacheEvent, ...]
-    v: int = 2
+    v: int = KV_BATCH_VERSION
 
 
-def batch_version(events: tuple[KvCacheEvent, ...]) -> int:
-    """1 when no event names a tier below GPU memory (readable by version-1 consumers), else 2."""
-    return 2 if any(ev.medium is not None and ev.medium != GPU for ev in events) else 1
-
-
-class WorkerIndexSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One worker's entries in a prefix index snapshot."""
+class SlotTableSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A model's slot table: which holder owns which bit of the holder bitmaps."""
 
     model: str
-    worker_id: str
-    event_id: int  # last applied event id of this worker
-    engine_hashes: bytes  # 8 big-endian bytes per block, paired with fleet_hashes
-    fleet_hashes: bytes
+    slots: dict[str, int]  # holder -> slot
+    version: int = 0
+
+
+class BlocksSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One model's blocks on one shard of the index (a part of a snapshot, an object of its
+    own): each block hash (8 big-endian bytes) with its holder bitmap, and the shard's bitmap of
+    prefix-closed slots."""
+
+    model: str
+    shard: int
+    hashes: bytes
+    bitmaps: tuple[bytes, ...]
+    nohole: bytes = b""
 
 
 class IndexSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
-    """The whole prefix index as of FLEET_KV stream sequence ``seq`` (object store
-    ``fleet_kv_snapshots``, object ``latest``): an indexer restores it, then replays from
-    ``seq + 1``, so the stream only has to keep what came after the last snapshot."""
+    """The prefix index as of the stream positions it records (object store
+    ``fleet_kv_snapshots``, object ``latest``; the blocks in the objects ``parts`` name). Taken
+    while the indexers go on applying: each part is read in bounded steps, after the positions,
+    so what a part holds is at least as new as them, and replaying the stream from them on an
+    index restored from it ends where the live one is (a block's bit is whatever its last event
+    made it; a clear gives the holder a new slot).
 
-    seq: int
+    Version 2: the sharded layout (version 1 held each worker's engine -> fleet map: no index of
+    this layout restores it; the indexer rebuilds from the stream and the workers instead)."""
+
     ts_s: float
-    workers: tuple[WorkerIndexSnapshot, ...] = ()
-    v: int = 1
+    shards: int
+    positions: tuple[dict[str, int], ...]  # per shard: indexer group -> stream sequence
+    tables: tuple[SlotTableSnapshot, ...] = ()
+    parts: tuple[str, ...] = ()  # objects holding the BlocksSnapshots
+    v: int = 2

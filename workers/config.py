@@ -9,6 +9,7 @@ from pathlib import Path
 
 from schemas import Subjects
 from schemas.discovery import WorkerRole
+from schemas.hashing import DEFAULT_BRANCH_BLOCKS
 
 
 def new_worker_id() -> str:
@@ -44,6 +45,9 @@ class WorkerConfig:
     metrics_port: int = 0  # Prometheus /metrics, /health, /ready; 0 = off, -1 = any free port
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a pod, for the kubelet's probes
     block_size: int = 16
+    kv_branch_blocks: int = DEFAULT_BRANCH_BLOCKS
+    """Leading blocks of a prompt that pick its shard of the prefix index (the branch point of
+    ``schemas.hashing``): every worker of a model must use the same."""
     managed_by: str = "hand"  # who started it: a connector ("local", "kubernetes") or "hand"
     pid: int = field(default_factory=os.getpid)
 

@@ -114,6 +114,7 @@ class Engine(Protocol):
     max_num_seqs: int
     num_gpu_blocks: int
     block_size: int
+    kv_fleet_hashing: bool  # its KV events carry the fleet's block hashes (else its own)
     # the longest prompt + completion the engine serves, known once started (None: the model
     # card's context length); the worker publishes the smaller of the two
     max_model_len: int | None

@@ -32,14 +32,14 @@ def _pieces(ev: BlockStored, max_blocks: int) -> list[BlockStored]:
     for start in range(0, len(ev.block_hashes), max_blocks):
         hashes = ev.block_hashes[start : start + max_blocks]
         tokens = ev.token_ids[start * ev.block_size : (start + len(hashes)) * ev.block_size]
-        out.append(BlockStored(hashes, parent, tokens, ev.block_size, ev.lora_name))
+        out.append(BlockStored(hashes, parent, tokens, ev.block_size, ev.lora_name, ev.medium))
         parent = hashes[-1]
     return out
 
 
 def _removed_pieces(ev: BlockRemoved, max_blocks: int) -> list[BlockRemoved]:
     return [
-        BlockRemoved(ev.block_hashes[i : i + max_blocks])
+        BlockRemoved(ev.block_hashes[i : i + max_blocks], ev.medium)
         for i in range(0, len(ev.block_hashes), max_blocks)
     ]
 
@@ -53,7 +53,7 @@ def split_events(
     flat: list[KvCacheEvent] = []
     for ev in events:
         if isinstance(ev, BlockStored) and ev.block_hashes:
-            per_block = max(ev.block_size, 1)
+            per_block = max(len(ev.token_ids) // len(ev.block_hashes), 1)
             limit = max(1, min(max_tokens // per_block, max_hashes))
             flat.extend(_pieces(ev, limit) if len(ev.block_hashes) > limit else [ev])
         elif isinstance(ev, BlockRemoved) and len(ev.block_hashes) > max_hashes:

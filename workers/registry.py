@@ -9,6 +9,7 @@ import socket
 import time
 from typing import Any
 
+import msgspec
 import structlog
 from nats.js import JetStreamContext
 
@@ -44,7 +45,10 @@ class Registry:
             await store.get_info(obj_name)
         except Exception:  # not there yet
             await store.put(obj_name, local.tokenizer_json)
-        card = to_model_card(local, obj_name, self.engine.tasks)
+        card = msgspec.structs.replace(
+            to_model_card(local, obj_name, self.engine.tasks),
+            kv_branch_blocks=self.cfg.kv_branch_blocks,
+        )
         models = await self.js.key_value(s.bucket_name(MODELS_BUCKET))
         await models.put(model_token(local.name), encode(card))
         return card
@@ -59,6 +63,7 @@ class Registry:
             max_num_seqs=e.max_num_seqs,
             num_gpu_blocks=e.num_gpu_blocks,
             block_size=e.block_size,
+            kv_branch_blocks=c.kv_branch_blocks,
             status=self.status,
             heartbeat_at_s=time.time(),
             heartbeat_interval_s=c.heartbeat_interval_s,

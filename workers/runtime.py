@@ -56,7 +56,7 @@ from schemas import (
     encode,
 )
 from schemas.control import CONTROL_OPS, kv_release
-from schemas.kv_events import KvCacheEvent, batch_version
+from schemas.kv_events import KvCacheEvent
 from schemas.streams import pool_consumer
 from schemas.trace import HEADER as TRACE_HEADER
 from schemas.trace import parse_traceparent
@@ -65,6 +65,7 @@ from workers.config import WorkerConfig
 from workers.engine import Engine, EngineHooks, EngineRequest
 from workers.fence import Fence
 from workers.kv_batching import split_events
+from workers.kv_relay import KvRelay
 from workers.metrics import WorkerMetrics
 from workers.recent_chunks import RecentChunks
 from workers.registry import Registry
@@ -117,6 +118,7 @@ class WorkerRuntime:
         self._idle.set()
         self._stopping = False
         self._kv_event_id = 0
+        self._kv_relay = KvRelay(engine.kv_fleet_hashing, cfg.kv_branch_blocks)
         self._kv_pending: list[KvCacheEvent] = []
         self._kv_scheduled = False
         self._reported_prefill = False  # the last load report counted prompts still to prefill
@@ -459,7 +461,7 @@ class WorkerRuntime:
 
     # ---------------------------------------------------------------- kv events, load
     def _on_kv_events(self, events: Sequence[KvCacheEvent]) -> None:
-        self._kv_pending.extend(events)
+        self._kv_pending.extend(self._kv_relay.relay(events))
         if not self._kv_scheduled:
             self._kv_scheduled = True
             self._loop.call_later(self.cfg.kv_flush_interval_s, self._spawn_kv_publish)
@@ -472,14 +474,12 @@ class WorkerRuntime:
         subject = self.subjects.kv(self.cfg.model_name, self.cfg.worker_id)
         for group in split_events(events):  # each within a NATS message, in order
             self._kv_event_id += 1
-            group_events = tuple(group)
             batch = KvEventBatch(
                 worker_id=self.cfg.worker_id,
                 model=self.cfg.model_name,
                 event_id=self._kv_event_id,
                 ts_s=time.time(),
-                events=group_events,
-                v=batch_version(group_events),
+                events=tuple(group),
             )
             task = asyncio.ensure_future(self.nc.publish(subject, encode(batch)))
             task.add_done_callback(_log_task_error)

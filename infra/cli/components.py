@@ -58,6 +58,7 @@ MOCKER = ConfigFlags(
     "kv_hold_timeout_s",
     "num_cpu_blocks",
     "kv_offload_bandwidth",
+    "kv_branch_blocks",
     title="engine (the mocker's flags; vLLM reads the shared ones too)",
 )
 
@@ -120,6 +121,7 @@ WORKER = ConfigFlags(
     "ack_wait_s",
     "drain_timeout_s",
     "max_pending_requests",
+    "kv_branch_blocks",
     title="worker",
 )
 
@@ -190,6 +192,11 @@ INDEXER = ConfigFlags(
     "metrics_host",
     Flag("snapshot_every_s", "--snapshot-every"),
     Flag("reconcile_every_s", "--reconcile-every"),
+    "index_shards",
+    Flag("groups", "--indexer-groups"),
+    Flag("group", "--indexer-group"),
+    "max_blocks_per_call",
+    Flag("sweep_every_s", "--sweep-every"),
     title="indexer",
 )
 

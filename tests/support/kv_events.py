@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from schemas.kv_events import BlockStored, KvCacheEvent, KvEventBatch
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.mocker.scheduler import Scheduler, SeqRequest
+from workers.kv_relay import KvRelay
 
 
 def stored(
@@ -43,12 +44,14 @@ def mocker_event_batches(
     seed: int = 0,
 ) -> list[KvEventBatch]:
     """Drive one mocker scheduler per worker with shared-prefix requests; return every batch of
-    KV events they queued (stores, evictions), in publish order, numbered per worker."""
+    KV events they queued (stores, evictions), through each worker's relay as a worker publishes
+    them, in publish order, numbered per worker."""
     rng = random.Random(seed)
     cfg = MockerConfig(
         num_gpu_blocks=num_blocks, block_size=block_size, max_num_seqs=4, max_num_batched_tokens=64
     )
     scheds = [Scheduler(cfg) for _ in range(workers)]
+    relays = [KvRelay(True, cfg.kv_branch_blocks) for _ in range(workers)]
     heads = [[rng.randrange(1000) for _ in range(prefix_tokens)] for _ in range(prefixes)]
     event_ids = [0] * workers
     out: list[KvEventBatch] = []
@@ -59,7 +62,7 @@ def mocker_event_batches(
         for _ in range(rng.randint(1, 6)):
             for k, s in enumerate(scheds):
                 s.step()
-                events = s.take_events()
+                events = relays[k].relay(s.take_events())
                 if events:
                     event_ids[k] += 1
                     out.append(kv_batch(f"w{k}", event_ids[k], *events, model=model))

@@ -12,6 +12,7 @@ import schemas
 from schemas import (
     AllBlocksCleared,
     BlockRemoved,
+    BlocksSnapshot,
     BlockStored,
     CancelRequested,
     ControlReply,
@@ -27,12 +28,13 @@ from schemas import (
     SamplingParams,
     ScalingDecided,
     ScalingStatus,
+    ShapeChanged,
+    SlotTableSnapshot,
     StructuredOutput,
     TokenChunk,
     TokenLogprob,
     Usage,
     WireDecodeError,
-    WorkerIndexSnapshot,
     WorkerLoad,
     WorkerRegistration,
     decode,
@@ -74,10 +76,11 @@ FINAL_CHUNK = TokenChunk(
     "r1", 0, 0, (1, 2), "hi", "stop", Usage(3, 2, cached_tokens=1), worker_id="w1"
 )
 
-SNAP_WORKER = WorkerIndexSnapshot("m", "w1", 3, b"\x00" * 8, b"\x01" * 8)
 SAMPLES: list[msgspec.Struct] = [
-    SNAP_WORKER,
-    IndexSnapshot(seq=42, ts_s=1.0, workers=(SNAP_WORKER,)),
+    SlotTableSnapshot("m", {"w1": 0, "w1 CPU": 1}, 3),
+    BlocksSnapshot("m", 2, b"\x00" * 16, (b"\x80", b"\xc0\x01"), b"\x80"),
+    IndexSnapshot(1.0, 3, ({"0": 42}, {}, {"0": 41, "1": 7}), parts=("part-1-m-0",)),
+    ShapeChanged(False, "CPU"),
     ControlRequest(args={"lora": "a"}),
     ControlRequest(),
     ControlReply(ok=True, detail="fine", data={"loras": ["a", "b"], "n": 2}),

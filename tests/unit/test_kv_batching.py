@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from router.kv.index import InMemoryPrefixIndex
-from router.kv.translate import EventTranslator
+from router.kv.translate import ops_of
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.support.kv_events import kv_batch, stored
 from workers.kv_batching import split_events
+from workers.kv_relay import KvRelay
 
 BS = 4
 
@@ -51,10 +52,10 @@ async def test_the_index_is_the_same_however_it_is_cut(limit: int) -> None:
     ]
 
     async def index_of(groups: list) -> dict:
-        idx, tr = InMemoryPrefixIndex(), EventTranslator()
+        idx, relay = InMemoryPrefixIndex(), KvRelay(True, 4)
         for k, g in enumerate(groups, 1):
-            batch = kv_batch("w", k, *g)
-            await idx.apply("m", "w", k, k, tr.translate(batch).ops)
+            batch = kv_batch("w", k, *relay.relay(g))
+            await idx.apply("m", "w", k, k, ops_of(batch))
         return idx.dump()
 
     whole = await index_of([events])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.kv.translate import EventTranslator, StoreOp, fleet_hashes_for_prompt
+from router.kv.translate import fleet_hashes_for_prompt
 from schemas.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -11,6 +11,7 @@ from schemas.kv_events import (
 )
 from tests.support import kv_events
 from workers.engines.vllm.cache_shadow import CacheShadow
+from workers.kv_relay import KvRelay
 
 BS = 2
 
@@ -75,21 +76,21 @@ def test_snapshot_is_parents_first_and_leaves_out_unreachable_blocks() -> None:
 
 
 def test_snapshot_replays_into_the_same_index_state() -> None:
-    """The indexer, fed the snapshot, maps every reachable engine hash to the fleet hash it
-    had when fed the live events."""
+    """The worker's relay, fed the snapshot, maps every reachable engine hash to the fleet hash
+    it had when fed the live events."""
     live = [stored((1, 2), None, 0), stored((3,), 2, 4), stored((4,), 1, 40)]
     shadow = CacheShadow()
     shadow.apply(live)
 
     def mapping(events: list[KvCacheEvent]) -> dict[int, int]:
-        tr = EventTranslator().translate(kv_events.kv_batch("w", 1, *events))
-        assert not tr.missing_parent
-        return {
-            e: f
-            for op in tr.ops
-            if isinstance(op, StoreOp)
-            for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True)
-        }
+        relay = KvRelay(False, 4)
+        out: dict[int, int] = {}
+        for ev in events:
+            for got in relay.relay([ev]):
+                if isinstance(got, BlockStored) and isinstance(ev, BlockStored):
+                    out.update(zip(ev.block_hashes, got.block_hashes, strict=True))
+        assert relay.dropped_runs == 0
+        return out
 
     assert mapping(flat(list(shadow.snapshot_events()))) == mapping(list(live))
     assert mapping(list(live))[3] == fleet_hashes_for_prompt(range(6), BS)[2]

@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from router.kv.translate import EventTranslator, StoreOp, fleet_hashes_for_prompt
-from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEventBatch
+from router.kv.translate import fleet_hashes_for_prompt
+from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from tests.unit.test_vllm_wire_mirror import (
     AllBlocksClearedV1,
     AllBlocksClearedV2,
@@ -37,6 +37,7 @@ from workers.engines.vllm.kv_events import (
     parse_replay_frames,
     replay_request,
 )
+from workers.kv_relay import KvRelay
 
 TOKENS = [101, 102, 103, 104, 105, 106]  # three blocks of 2
 EXPECTED = (
@@ -387,8 +388,9 @@ def test_sequence_tracker() -> None:
 
 # ------------------------------------------------------------------------ the indexer's view
 def test_decoded_events_translate_to_fleet_hashes() -> None:
-    """What the indexer does with the events: fleet hashes recomputed from token ids, chained
-    across events through the engine's parent hash, equal to the router's prompt hashes."""
+    """What the worker's relay does with the events: fleet hashes recomputed from token ids,
+    chained across events through the engine's parent hash, equal to the router's prompt
+    hashes."""
     digests = [bytes([i]) * 32 for i in range(1, 4)]
     payload = encode(
         KVEventBatchV3(
@@ -400,12 +402,12 @@ def test_decoded_events_translate_to_fleet_hashes() -> None:
         )
     )
     decoded = decode_batch(payload)
-    batch = KvEventBatch("w1", "m", 1, decoded.ts_s, decoded.events)
-    tr = EventTranslator().translate(batch)
-    assert not tr.missing_parent
-    fleet = [h for op in tr.ops if isinstance(op, StoreOp) for h in op.fleet_hashes]
+    relay = KvRelay(False, 4)
+    out = relay.relay(decoded.events)
+    assert relay.dropped_runs == 0
+    fleet = [h for ev in out if isinstance(ev, BlockStored) for h in ev.block_hashes]
     assert fleet == fleet_hashes_for_prompt(TOKENS, 2)
-    engine = [h for op in tr.ops if isinstance(op, StoreOp) for h in op.engine_hashes]
+    engine = [h for ev in decoded.events if isinstance(ev, BlockStored) for h in ev.block_hashes]
     assert engine == [engine_block_hash(d) for d in digests]
 
 

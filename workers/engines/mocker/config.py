@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from schemas.hashing import DEFAULT_BRANCH_BLOCKS
+
 
 @dataclass(frozen=True)
 class MockerConfig:
@@ -17,6 +19,8 @@ class MockerConfig:
     """KV cache size, in blocks."""
     block_size: int = 16
     """Tokens per KV block."""
+    kv_branch_blocks: int = DEFAULT_BRANCH_BLOCKS
+    """The branch point of its block hashes (``schemas.hashing``)."""
     max_num_seqs: int = 256
     """Sequences in the running batch at most."""
     max_num_batched_tokens: int = 8192

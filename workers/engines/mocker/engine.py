@@ -72,6 +72,7 @@ class _Logprobs:
 
 class MockerEngine:
     name = "mocker"
+    kv_fleet_hashing = True  # its block pool hashes with schemas.hashing
     tasks: tuple[str, ...] = ("generate", "embed")
 
     def __init__(

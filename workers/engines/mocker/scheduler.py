@@ -124,6 +124,7 @@ class Scheduler:
     ) -> None:
         self.config = config
         self._bs = config.block_size
+        self._branch = config.kv_branch_blocks
         self._caching = config.enable_prefix_caching
         self.pool = BlockPool(
             config.num_gpu_blocks,
@@ -360,7 +361,11 @@ class Scheduler:
         """Blocks for the whole remote prompt (its cached prefix reused), and the transfer of
         the blocks to move; False when they do not fit now."""
         bs, pool, remote = self._bs, self.pool, seq.req.remote_prompt
-        cached = pool.match_prefix(seq.hashes_upto(bs, remote // bs)) if self._caching else []
+        cached = (
+            pool.match_prefix(seq.hashes_upto(bs, remote // bs, self._branch))
+            if self._caching
+            else []
+        )
         prompt_blocks = -(-remote // bs)
         need = max(-(-len(seq.tokens) // bs), prompt_blocks) - len(cached)
         reserve = self.config.watermark_blocks if self.running else 0
@@ -389,7 +394,7 @@ class Scheduler:
         and blocks for its first chunk; the chunk's tokens (0: it does not fit now, nothing
         changed)."""
         bs, pool = self._bs, self.pool
-        hashes = seq.hashes_upto(bs) if self._caching else []
+        hashes = seq.hashes_upto(bs, None, self._branch) if self._caching else []
         cached = pool.match_prefix(hashes) if hashes else []
         n_host = pool.match_host(hashes[len(cached) :]) if pool.num_cpu_blocks else 0
         if (len(cached) + n_host) * bs >= len(seq.tokens):  # compute at least the last token
@@ -504,7 +509,7 @@ class Scheduler:
         start = seq.num_committed
         if full <= start or not self._caching:
             return
-        hashes = seq.hashes_upto(self._bs, full)
+        hashes = seq.hashes_upto(self._bs, full, self._branch)
         bs = self._bs
         self.pool.commit(
             seq.block_ids[start:full],

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from schemas.hashing import block_hashes, hash_seed
+from schemas.hashing import DEFAULT_BRANCH_BLOCKS, block_hashes, hash_seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +90,12 @@ class Sequence:
         total = -(-(self.num_computed + new_tokens) // block_size)
         return max(total - len(self.block_ids), 0)
 
-    def hashes_upto(self, block_size: int, num_blocks: int | None = None) -> list[int]:
+    def hashes_upto(
+        self,
+        block_size: int,
+        num_blocks: int | None = None,
+        branch_blocks: int = DEFAULT_BRANCH_BLOCKS,
+    ) -> list[int]:
         """``hashes``, extended to cover the first ``num_blocks`` full blocks (default: every full
         block of ``tokens``); it may hold more. Only new blocks are hashed."""
         full = len(self.tokens) // block_size if num_blocks is None else num_blocks
@@ -98,7 +103,9 @@ class Sequence:
         if full > have:
             parent = self.hashes[-1] if self.hashes else None
             chunk = self.tokens[have * block_size : full * block_size]
-            self.hashes.extend(block_hashes(chunk, block_size, self.hash_seed, parent))
+            self.hashes.extend(
+                block_hashes(chunk, block_size, self.hash_seed, parent, branch_blocks)
+            )
         return self.hashes
 
     def append_output(self, token: int) -> None:

@@ -8,48 +8,35 @@ vLLM frees a finished request's blocks tail first and a block in use keeps its p
 a parent never leaves the cache before its children. A hole appears when a block whose child is
 still held is removed, and goes away when the block is stored again or the orphaned children go.
 
-``WorkerShape`` mirrors one worker's holder bits in the index (a store sets them, any removal
-clears them) with each held block's parent and each block's number of held children, and counts
-orphans: held blocks whose parent is not held. ``hole_free`` = no orphans and the structure known
-(a worker restored without its parents, e.g. from a snapshot, is not known until it clears).
+``WorkerShape`` mirrors the blocks one tier of a worker's cache holds (a store adds them, any
+removal takes them away) with each held block's parent and each block's number of held children,
+and counts orphans: held blocks whose parent is not held. ``hole_free`` = no orphans. The worker
+keeps one per tier (``kv_relay``) and tells the index when it flips (``ShapeChanged``): the state
+lives beside the cache it describes, bounded by that cache, not in the indexer.
 
 Pure, and cheap on the common path: a stored run of new blocks is two ``dict.update`` calls.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import chain, repeat
-
-UNKNOWN = -1  # the parent of a block restored without it (hashes are unsigned, never -1)
 
 
 class WorkerShape:
-    __slots__ = ("kids", "known", "orphans", "parent")
+    __slots__ = ("kids", "orphans", "parent")
 
     def __init__(self) -> None:
         self.parent: dict[int, int | None] = {}  # held block -> its parent (None: a root block)
         self.kids: dict[int, int] = {}  # block -> number of held blocks whose parent it is
         self.orphans = 0  # held blocks whose parent is not held
-        self.known = True
 
     @property
     def hole_free(self) -> bool:
-        return self.known and self.orphans == 0
+        return self.orphans == 0
 
-    @classmethod
-    def restore(cls, parents: Mapping[int, int | None]) -> WorkerShape:
-        """The shape of held blocks -> parent (``UNKNOWN`` allowed: then not known)."""
-        shape = cls()
-        shape.parent = dict(parents)
-        for p in shape.parent.values():
-            if p == UNKNOWN:
-                shape.known = False
-            elif p is not None:
-                shape.kids[p] = shape.kids.get(p, 0) + 1
-                if p not in shape.parent:
-                    shape.orphans += 1
-        return shape
+    def __len__(self) -> int:
+        return len(self.parent)
 
     def stored(self, fleet: Sequence[int], parent: int | None) -> None:
         """A run of blocks, each the parent of the next; ``parent`` is the first one's."""
@@ -83,7 +70,7 @@ class WorkerShape:
             if f not in held:
                 continue
             p = held.pop(f)
-            if p is not None and p != UNKNOWN:
+            if p is not None:
                 n = kids[p] - 1
                 if n:
                     kids[p] = n
@@ -97,4 +84,3 @@ class WorkerShape:
         self.parent.clear()
         self.kids.clear()
         self.orphans = 0
-        self.known = True

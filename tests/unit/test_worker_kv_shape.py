@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from router.kv.shape import UNKNOWN, WorkerShape
+from workers.kv_shape import WorkerShape
 
 # ops: ("S", blocks, parent) stores a run (each block the parent of the next), ("R", blocks)
 # removes, ("C",) clears. Blocks are small ints standing for fleet hashes.
@@ -59,24 +59,6 @@ def test_hole_free(name, ops, hole_free):
     apply(shape, ops)
     assert shape.hole_free is hole_free
     assert shape.orphans == brute_orphans(shape)
-
-
-def test_restore_rebuilds_the_counts():
-    shape = WorkerShape()
-    apply(shape, [("S", (1, 2, 3), None), ("S", (4, 5), 2), ("R", (2,))])
-    again = WorkerShape.restore(shape.parent)
-    assert (again.orphans, again.kids, again.hole_free) == (2, shape.kids, False)
-    again.stored((2,), 1)
-    assert again.hole_free
-
-
-def test_unknown_parents_stay_holey_until_cleared():
-    shape = WorkerShape.restore({1: None, 2: UNKNOWN})
-    assert not shape.hole_free
-    shape.removed((2,))
-    assert not shape.hole_free
-    shape.clear()
-    assert shape.hole_free
 
 
 @pytest.mark.parametrize("seed", range(20))
