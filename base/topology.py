@@ -74,6 +74,11 @@ def stream_config(spec: StreamSpec) -> api.StreamConfig:
         duplicate_window=spec.duplicate_window.total_seconds(),
         num_replicas=spec.replicas,
         allow_direct=True,
+        subject_transform=(
+            api.SubjectTransform(src=spec.transform[0], dest=spec.transform[1])
+            if spec.transform
+            else None
+        ),
     )
 
 
@@ -115,6 +120,7 @@ _STREAM_MUTABLE = (
     "retention",
     "discard",
     "allow_direct",
+    "subject_transform",
 )
 
 

@@ -1,30 +1,34 @@
 """The KV indexer service: FLEET_KV -> the Redis prefix index.
 
-- **Position in Redis, not in the consumer.** Every applied batch writes its stream sequence in the
-  same Lua call as the change, so on start the indexer reads ``applied_seq`` and reads the stream
-  from the next sequence with an ordered consumer (the fastest consumer nats-py has; no acks).
-  A restart resumes exactly; a batch applied twice changes nothing.
+- **Stateless per block.** Workers send the fleet's own block hashes and say when their blocks
+  stop being prefix-closed (``KvEventBatch`` v3): each event is one op on one holder, applied as
+  it comes. The indexer keeps per worker only its slot and last event id, so a standby takes over
+  with nothing to load, and a restart resumes with nothing to rebuild.
+- **Position in Redis, not in the consumer.** Every applied batch writes its stream sequence in
+  the same Lua call as the change, per shard, so on start the indexer reads the lowest position
+  of its group and reads the stream from the next sequence with an ordered consumer (the fastest
+  consumer nats-py has; no acks). A restart resumes exactly; a batch applied twice changes
+  nothing.
 - **Pipelined.** Messages that have arrived are taken in groups (up to ``batch_max``). A group is
-  written as soon as it is translated, as script calls carrying many batches each
-  (``redis_index.MAX_BLOCKS_PER_CALL`` block events), and its results are read only after the
-  next group was translated and written: Redis applies one group while Python translates the
-  next, without a gap between them (calls on one connection run in the order written).
-- **Decoded lazily.** Batches are decoded as ``WireKvBatch`` (token ids left encoded): engines
-  hashing like the fleet (the mocker) are only spot-checked, so their token ids are never
-  turned into Python ints; opaque engine hashes (vLLM) are recomputed from them (``translate``).
-- **One writer at a time.** Several indexers may run for availability: they compete for a Redis
-  lock (``SET NX PX``, renewed every ``leader_ttl/3``); the standby takes over within the TTL and
-  resumes from the stored position, so a worker's events are never applied out of order.
-- **Gaps heal.** A batch whose event id skips, whose parent block is unknown, or whose token ids
-  cannot be read makes the indexer drop that worker's entries and ask the worker (control op
-  ``kv_resync``) to publish its whole cache again as ``AllBlocksCleared`` + ``BlockStored``.
-- **Snapshots.** Every ``snapshot_every_s`` the leader writes the whole index (each worker's
-  engine -> fleet mapping and event id, with the applied sequence) to the object store; an indexer
-  that starts on an empty Redis restores it and replays only what came after, so FLEET_KV's
-  retention needs to cover just the time since the last snapshot. (A snapshot has no block
-  parents, so restored workers are matched block by block until they clear their cache.)
-- **Departures.** A worker that leaves discovery has all its blocks dropped, and batches of it
-  still in the stream are skipped (until it registers again).
+  written as soon as it is prepared, as script calls of at most ``max_blocks_per_call`` block
+  events per shard, and its results are read only after the next group was prepared and
+  written: Redis applies one group while Python prepares the next.
+- **Groups of workers.** FLEET_KV stores each worker's batches under its partition
+  (``Subjects.kv_partition_transform``); with ``groups`` > 1 an indexer leads one group and reads
+  only its partitions, so several indexers apply at once, each its part of the workers, and
+  ingest grows with them (and with the shards they write to). Each group has a leader lock;
+  standbys take over within the lock's TTL and resume from the stored positions.
+- **Gaps heal.** A batch whose event id skips, or a batch of engine hashes from an older release,
+  makes the indexer retire that worker's slots (its blocks are read by nobody from then on) and
+  ask the worker (control op ``kv_resync``) to publish its whole cache again.
+- **Bounded.** A departure, a clear or a heal retires or renews a slot: one small call, whatever
+  the worker held. The sweeper (the leader of group 0) clears retired slots' bits in bounded
+  steps and frees them. Snapshots (group 0's leader, every ``snapshot_every_s``) read the index
+  in bounded steps beside ingest, never pausing it.
+- **Snapshots.** An indexer that starts on an empty index restores the latest one and replays
+  only what came after, so FLEET_KV's retention needs to cover just the time since it.
+- **Departures.** A worker that leaves discovery has its slots retired, and batches of it still
+  in the stream are skipped (until it registers again).
 """
 
 from __future__ import annotations
@@ -50,23 +54,24 @@ from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
-from router.kv.keys import LEADER_TTL_MS, KvKeys
-from router.kv.redis_index import AppliedLater, ApplyItem, RedisPrefixIndex
-from router.kv.resp import REDIS_UNREACHABLE
-from router.kv.translate import (
-    EventTranslator,
-    IndexOp,
-    WireBlockStored,
-    WireKvBatch,
-    holders,
-    worker_of,
+from router.kv import snapshot as snapshots
+from router.kv.keys import LEADER_TTL_MS, namespace
+from router.kv.redis_index import (
+    MAX_BLOCKS_PER_CALL,
+    AppliedLater,
+    ApplyItem,
+    RedisPrefixIndex,
 )
+from router.kv.resp import REDIS_UNREACHABLE
+from router.kv.translate import count_blocks, legacy, ops_of, worker_of
 from schemas import ControlRequest, ModelCard, Subjects, decode, encode
-from schemas.kv_events import BlockRemoved, IndexSnapshot
+from schemas.kv_events import BlocksSnapshot, IndexSnapshot, KvEventBatch
 from schemas.streams import KV_SNAPSHOT_STORE, MODELS_BUCKET
+from schemas.subjects import KV_PARTITIONS, kv_partition
 
 _BACKOFF_FIRST_S = 0.25  # Redis unreachable: first wait before leading again
 _BACKOFF_MAX_S = 5.0
+_HEAL_EVERY_S = 5.0  # a worker is asked to publish its cache again at most this often
 
 log = structlog.get_logger("jetfleet.indexer")
 
@@ -93,13 +98,23 @@ class IndexerConfig:
     reconcile_every_s: float = 30.0
     """Drop indexed workers discovery does not know this often, once caught up (0: off)."""
     indexer_id: str = field(default_factory=lambda: f"ix-{uuid.uuid4().hex[:8]}")
+    index_shards: int = 0
+    """Shards of the prefix index (0: as recorded in Redis, else one per Redis Cluster master,
+    1 without a cluster). Fixed for a namespace: every indexer and router reads the record."""
+    groups: int = 1
+    """Indexer groups: each leads a part of the workers (FLEET_KV's partitions), so this many
+    indexers apply at once (more run as standbys). Every indexer of a fleet uses the same."""
+    group: int = -1  # the group to lead (-1: the first whose leader is missing)
+    max_blocks_per_call: int = MAX_BLOCKS_PER_CALL
+    """Block events one Redis call applies at most (a route waits for no longer call)."""
+    sweep_every_s: float = 1.0  # how often retired slots are looked for (group 0's leader)
 
 
 @dataclass
 class _Prepared:
     items: list[ApplyItem] = field(default_factory=list)
-    batches: list[WireKvBatch | None] = field(default_factory=list)  # None: nothing to count
-    heals: list[tuple[str, str, str, int]] = field(default_factory=list)
+    batches: list[KvEventBatch | None] = field(default_factory=list)  # None: nothing to count
+    heals: list[tuple[str, str, str]] = field(default_factory=list)  # model, worker, reason
 
 
 def _stream_seq(msg: Msg) -> int:
@@ -111,17 +126,6 @@ def _stream_seq(msg: Msg) -> int:
     if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
         return int(tokens[5])
     return int(msg.metadata.sequence.stream)
-
-
-def _count(batch: WireKvBatch, counts: dict[str, int]) -> None:
-    counts["batches"] += 1
-    for ev in batch.events:
-        if isinstance(ev, WireBlockStored):
-            counts["stored"] += len(ev.block_hashes)
-        elif isinstance(ev, BlockRemoved):
-            counts["removed"] += len(ev.block_hashes)
-        else:
-            counts["cleared"] += 1
 
 
 class IndexerMetrics:
@@ -140,6 +144,12 @@ class IndexerMetrics:
         )
         self.leader = Gauge(
             f"{ns}_leader", "1 while this indexer holds the lock", registry=registry
+        )
+        self.swept = Counter(
+            f"{ns}_slots_swept", "Retired slots cleared and freed", registry=registry
+        )
+        self.snapshot_s = Gauge(
+            f"{ns}_snapshot_seconds", "How long the last snapshot took", registry=registry
         )
 
 
@@ -160,42 +170,71 @@ class Indexer:
         self.js = nc.jetstream()
         self.letters = DeadLetters(nc, cfg.subjects, "indexer")
         self.redis = redis
-        self.keys = KvKeys.for_prefix(cfg.subjects.prefix)
-        self.index = RedisPrefixIndex(redis, self.keys)
-        self.translator = EventTranslator()
+        self.index = RedisPrefixIndex(
+            redis,
+            namespace(cfg.subjects.prefix),
+            cfg.index_shards,
+            cfg.max_blocks_per_call,
+            writer=True,
+        )
         self.metrics = metrics
         self.worker_models: dict[str, str] = {}
         self.departed: set[str] = set()  # left discovery: their late events are ignored
         self.live_workers = live_workers
-        self._renew = redis.register_script(_RENEW)
+        self.group = -1  # the group led, while leading
         self.applied = 0
         self._snapshot_at = time.monotonic()
         self._snapshot_seq = 0
+        self._healed: dict[str, float] = {}
         self._resuming = False  # Redis was lost while this indexer may have led
         self.log = log.bind(indexer_id=cfg.indexer_id)
 
-    # ------------------------------------------------------------------ leadership
-    async def acquire(self) -> bool:
-        """Take the lock, or, after losing Redis while leading, keep it: the promoted replica
-        may hold this indexer's lock (replicated), which is still its own to renew."""
-        resuming, self._resuming = self._resuming, False
-        if await self.redis.set(
-            self.keys.leader, self.cfg.indexer_id, nx=True, px=self.cfg.leader_ttl_ms
-        ):
+    # ------------------------------------------------------------------ groups
+    def _partitions(self, group: int) -> list[int]:
+        return [p for p in range(KV_PARTITIONS) if p % self.cfg.groups == group]
+
+    def owns(self, worker_id: str) -> bool:
+        """Whether the worker's batches are this indexer's to apply (its group's partitions)."""
+        if self.cfg.groups <= 1:
             return True
-        return resuming and bool(
-            await self._renew(
-                keys=[self.keys.leader], args=[self.cfg.indexer_id, self.cfg.leader_ttl_ms]
-            )
+        return kv_partition(worker_of(worker_id)) % self.cfg.groups == self.group
+
+    # ------------------------------------------------------------------ leadership
+    async def _lock(self) -> tuple[Any, str]:
+        shards = await self.index.ready()
+        return shards[0].redis, shards[0].keys.leader(max(self.group, 0))
+
+    async def _renew(self, redis: Any, key: str) -> int:
+        return int(
+            await redis.eval(_RENEW, 1, key, self.cfg.indexer_id, self.cfg.leader_ttl_ms) or 0
         )
+
+    async def acquire(self) -> bool:
+        """Take a group's lock (its own, or the first free one), or, after losing Redis while
+        leading, keep it: the promoted replica may hold this indexer's lock (replicated), which
+        is still its own to renew."""
+        resuming, self._resuming = self._resuming, False
+        shards = await self.index.ready()
+        redis = shards[0].redis
+        wanted = [self.cfg.group] if self.cfg.group >= 0 else list(range(max(self.cfg.groups, 1)))
+        if resuming and self.group >= 0:
+            key = shards[0].keys.leader(self.group)
+            if await self._renew(redis, key):
+                return True
+        for g in wanted:
+            key = shards[0].keys.leader(g)
+            if await redis.set(key, self.cfg.indexer_id, nx=True, px=self.cfg.leader_ttl_ms):
+                self.group = g
+                self.index.group = g
+                return True
+        return False
 
     async def _keep_leadership(self, lost: asyncio.Event) -> None:
         while True:
             await asyncio.sleep(self.cfg.leader_ttl_ms / 3000)
             try:
-                ok = await self._renew(
-                    keys=[self.keys.leader], args=[self.cfg.indexer_id, self.cfg.leader_ttl_ms]
-                )
+                redis, key = await self._lock()
+                ok = await self._renew(redis, key)
             except Exception as exc:
                 self.log.warning("leader_renew_failed", error=str(exc))
                 ok = 0
@@ -205,8 +244,9 @@ class Indexer:
 
     async def release_leadership(self) -> None:
         with contextlib.suppress(Exception):
-            if await self.redis.get(self.keys.leader) == self.cfg.indexer_id.encode():
-                await self.redis.delete(self.keys.leader)
+            redis, key = await self._lock()
+            if await redis.get(key) == self.cfg.indexer_id.encode():
+                await redis.delete(key)
 
     # ------------------------------------------------------------------ main loop
     async def run(self, stop: asyncio.Event) -> None:
@@ -245,24 +285,25 @@ class Indexer:
                 backoff = min(backoff * 2, _BACKOFF_MAX_S)
 
     async def _lead_once(self, stop: asyncio.Event, halt: asyncio.Event) -> None:
-        """Wait for the lock, or lead until stopped or the lock is lost."""
+        """Wait for a lock, or lead until stopped or the lock is lost."""
         if not await self.acquire():
             self.metrics.leader.set(0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(_first(stop, halt), self.cfg.leader_ttl_ms / 2000)
             return
         self.metrics.leader.set(1)
-        self.log.info("indexer_leading")
+        self.index.reset()
+        self.log.info("indexer_leading", group=self.group, groups=self.cfg.groups)
         lost = asyncio.Event()
         keeper = asyncio.create_task(self._keep_leadership(lost))
         try:
             await self._consume(stop, lost, halt)
         except REDIS_UNREACHABLE:
             # Redis went away while this indexer led: the promoted replica may still hold its
-            # lock (to renew, not to wait out), and may be behind what it applied, so its
-            # in-memory translation state is dropped and rebuilt from Redis, as on a restart
+            # lock (to renew, not to wait out), and may be behind what it applied, so what this
+            # process cached of the index is dropped and read again, as on a restart
             self._resuming = True
-            self.translator = EventTranslator()
+            self.index.reset()
             self.worker_models.clear()
             raise
         finally:
@@ -270,73 +311,127 @@ class Indexer:
             self.metrics.leader.set(0)
             await self.release_leadership()
 
-    async def restore_snapshot(self) -> int:
-        """Load the latest snapshot into an empty index; returns its sequence (0: none used)."""
-        if await self.index.applied_seq() > 0:
-            return 0
-        store = await self.js.object_store(self.cfg.subjects.bucket_name(KV_SNAPSHOT_STORE))
+    async def _store(self) -> Any:
+        return await self.js.object_store(self.cfg.subjects.bucket_name(KV_SNAPSHOT_STORE))
+
+    async def restore_snapshot(self) -> bool:
+        """Load the latest snapshot into an empty index; whether one was used."""
+        if await self._any_position():
+            return False
+        store = await self._store()
         try:
             obj = await store.get(SNAPSHOT_OBJECT)
+            snap = decode(obj.data or b"", IndexSnapshot)
         except ObjectNotFoundError:
-            return 0
-        snap = decode(obj.data or b"", IndexSnapshot)
-        await self.index.import_snapshot(snap)
-        self.log.info("indexer_restored_snapshot", seq=snap.seq, workers=len(snap.workers))
-        return snap.seq
+            return False
+        except Exception as exc:  # another layout's snapshot: replay the stream instead
+            self.log.warning("indexer_snapshot_unusable", error=str(exc))
+            return False
+
+        async def get_part(name: str) -> BlocksSnapshot:
+            return decode((await store.get(name)).data or b"", BlocksSnapshot)
+
+        try:
+            await snapshots.restore(self.index, snap, get_part)
+        except (ValueError, ObjectNotFoundError) as exc:
+            self.log.warning("indexer_snapshot_unusable", error=str(exc))
+            return False
+        self.log.info("indexer_restored_snapshot", positions=snap.positions, parts=len(snap.parts))
+        return True
+
+    async def _any_position(self) -> bool:
+        shards = await self.index.ready()
+        for s in shards.shards:
+            if await s.redis.hlen(s.keys.pos):
+                return True
+        return False
 
     async def snapshot(self) -> int:
-        """Write the index to the object store (call between commits); returns its sequence."""
-        snap = await self.index.export_snapshot()
-        store = await self.js.object_store(self.cfg.subjects.bucket_name(KV_SNAPSHOT_STORE))
+        """Write the index to the object store (beside ingest); returns the lowest position it
+        records for this indexer's group."""
+        t0 = time.monotonic()
+        store = await self._store()
+        name = f"part-{int(time.time() * 1000)}"
+
+        async def put_part(part: str, blocks: BlocksSnapshot) -> None:
+            await store.put(part, encode(blocks))
+
+        snap = await snapshots.export(self.index, put_part, name)
+        old: tuple[str, ...] = ()
+        with contextlib.suppress(Exception):
+            old = decode((await store.get(SNAPSHOT_OBJECT)).data or b"", IndexSnapshot).parts
         await store.put(SNAPSHOT_OBJECT, encode(snap))
+        for part in set(old) - set(snap.parts):
+            with contextlib.suppress(Exception):
+                await store.delete(part)
         self._snapshot_at = time.monotonic()
-        self._snapshot_seq = snap.seq
-        self.log.info("indexer_snapshot_written", seq=snap.seq, workers=len(snap.workers))
-        return snap.seq
+        seq = min((p.get(str(max(self.group, 0)), 0) for p in snap.positions), default=0)
+        self._snapshot_seq = seq
+        self.metrics.snapshot_s.set(time.monotonic() - t0)
+        self.log.info("indexer_snapshot_written", seq=seq, parts=len(snap.parts))
+        return seq
 
-    def _snapshot_due(self) -> bool:
+    async def _snapshot_loop(self) -> None:
+        """Group 0's leader: a snapshot every ``snapshot_every_s`` while the index changes."""
         every = self.cfg.snapshot_every_s
-        return bool(
-            every
-            and self.applied > self._snapshot_seq
-            and time.monotonic() - self._snapshot_at >= every
-        )
-
-    async def _snapshot_now(self) -> None:
-        try:
-            if not await self.redis.exists(self.keys.epoch):  # Redis lost the index: not this
-                self._snapshot_at = time.monotonic()
-                return
-            await self.snapshot()
-        except Exception as exc:  # the next interval retries; replay just gets longer
+        if every <= 0:
+            return
+        while True:
+            await asyncio.sleep(min(every, 1.0))
+            if self.applied <= self._snapshot_seq or time.monotonic() - self._snapshot_at < every:
+                continue
+            try:
+                if await self.check_epoch(wipe=False):
+                    await self.snapshot()
+            except Exception as exc:  # the next interval retries; replay just gets longer
+                self.log.warning("indexer_snapshot_failed", error=str(exc))
             self._snapshot_at = time.monotonic()
-            self.log.warning("indexer_snapshot_failed", error=str(exc))
 
-    async def check_epoch(self) -> bool:
+    async def _sweep_loop(self) -> None:
+        """Group 0's leader: clear retired slots' bits and free them."""
+        while True:
+            await asyncio.sleep(self.cfg.sweep_every_s)
+            try:
+                for model in sorted(await self.index.models()):
+                    freed = await self.index.sweep(model)
+                    if freed:
+                        self.metrics.swept.inc(freed)
+                        self.log.info("indexer_swept_slots", model=model, freed=freed)
+            except Exception as exc:  # Redis away: the next round retries
+                self.log.warning("indexer_sweep_failed", error=repr(exc))
+
+    async def check_epoch(self, wipe: bool = True) -> bool:
         """Whether the index in Redis can be trusted; a partial one is wiped first.
 
-        A FLUSHALL, or a failover to an empty replica, empties Redis under a running fleet: the
-        next apply writes its stream position into the empty Redis, and an indexer that resumed
-        from that position would keep a partial index for good (and snapshot it). The epoch key
-        is written with the first position and vanishes with the rest: a position without an
-        epoch is such a partial index. It is wiped (routing reservations are left alone), so the
-        snapshot restore and the replay rebuild it. Returns False when it had to wipe."""
-        if await self.redis.exists(self.keys.epoch):
-            return True
-        intact = await self.index.applied_seq() == 0
+        A FLUSHALL, or a failover to an empty replica, empties Redis (or one node of a cluster)
+        under a running fleet: the next apply writes its stream position into the empty shard,
+        and an indexer that resumed from that position would keep a partial index for good (and
+        snapshot it). Each shard's epoch key is written with its first position and vanishes
+        with the rest: a shard with a position but no epoch, or an epoch missing while another
+        shard has one, is such a partial index. The whole index is then wiped (routing
+        reservations are left alone), so the snapshot restore and the replay rebuild it.
+        Returns False when it was not intact."""
+        shards = await self.index.ready()
+        epochs = [bool(await s.redis.exists(s.keys.epoch)) for s in shards.shards]
+        positions = [bool(await s.redis.hlen(s.keys.pos)) for s in shards.shards]
+        intact = all(epochs) or (not any(epochs) and not any(positions))
+        if not wipe:
+            return intact
         if not intact:
-            doomed = [
-                key
-                async for key in self.redis.scan_iter(match=f"{self.keys.base}:*", count=1000)
-                if not self.keys.is_reservation(key.decode())
-            ]
             wiped = 0
-            for i in range(0, len(doomed), 500):  # one round trip per 500 keys
-                wiped += await self.redis.delete(*doomed[i : i + 500])
-            self.translator = EventTranslator()
+            for s in shards.shards:
+                doomed = [
+                    key
+                    async for key in s.redis.scan_iter(match=f"{_glob(s.keys.base)}:*", count=1000)
+                    if not s.keys.is_reservation(key.decode())
+                ]
+                for i in range(0, len(doomed), 500):  # one round trip per 500 keys
+                    wiped += await s.redis.delete(*doomed[i : i + 500])
+            self.index.reset()
             self.worker_models.clear()
             self.log.warning("indexer_rebuilding_lost_index", wiped_keys=wiped)
-        await self.redis.set(self.keys.epoch, self.cfg.indexer_id)
+        for s in shards.shards:
+            await s.redis.set(s.keys.epoch, self.cfg.indexer_id)
         return intact
 
     async def _consume(self, *stops: asyncio.Event) -> None:
@@ -350,17 +445,30 @@ class Indexer:
         async def on_msg(msg: Msg) -> None:
             queue.put_nowait(msg)
 
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
+        )
+        subject = self.cfg.subjects.kv_all()
+        if self.cfg.groups > 1:
+            config.filter_subjects = self.cfg.subjects.kv_partitions(self._partitions(self.group))
+            subject = ""
         sub = await self.js.subscribe(
-            self.cfg.subjects.kv_all(),
+            subject,
+            stream=self.cfg.subjects.stream_name("KV"),
             cb=on_msg,
             ordered_consumer=True,
-            config=api.ConsumerConfig(
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start
-            ),
+            config=config,
         )
-        self.log.info("indexer_consuming", from_seq=start)
-        lag_task = asyncio.create_task(self._lag_loop())
-        reconciler = asyncio.create_task(self._reconcile_loop(await self._tail_seq()))
+        self.log.info("indexer_consuming", from_seq=start, group=self.group)
+        tasks = [
+            asyncio.create_task(self._lag_loop()),
+            asyncio.create_task(self._reconcile_loop(await self._tail_seq())),
+        ]
+        if self.group <= 0:
+            tasks += [
+                asyncio.create_task(self._sweep_loop()),
+                asyncio.create_task(self._snapshot_loop()),
+            ]
         stopper = asyncio.create_task(_first(*stops))
         flight: tuple[_Prepared, AppliedLater] | None = None
         getter: asyncio.Future[Any] | None = None
@@ -381,88 +489,78 @@ class Indexer:
                 if flight is not None:
                     await self._finish(*flight)
                 flight = (prepared, started)
-                if self._snapshot_due():  # a snapshot needs nothing in flight
-                    await self._finish(*flight)
-                    flight = None
-                    await self._snapshot_now()
             if flight is not None:
                 await self._finish(*flight)
         finally:
             if getter is not None:
                 getter.cancel()
             stopper.cancel()
-            lag_task.cancel()
-            reconciler.cancel()
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
     async def apply_messages(self, msgs: list[Any]) -> None:
-        """Translate and apply a group of messages (serially; ``_consume`` overlaps the two)."""
+        """Prepare and apply a group of messages (serially; ``_consume`` overlaps the two)."""
         prepared = await self._prepare(msgs)
         await self._finish(prepared, await self.index.start_apply(prepared.items))
 
     async def _prepare(self, msgs: list[Any]) -> _Prepared:
-        """Decode and translate (CPU only: no Redis writes, so it can overlap a commit)."""
+        """Decode, and map events to ops (CPU only, but for a new holder's slot)."""
         prep = _Prepared()
         for msg in msgs:
             seq = _stream_seq(msg)
             # undecodable: dead-lettered (not terminated: the indexer moves on by stream position)
             # and applied as an empty item, as is a late batch of a worker already dropped
-            batch = await self.letters.decoded(msg, WireKvBatch, terminate=False)
+            batch = await self.letters.decoded(msg, KvEventBatch, terminate=False)
             if batch is None:
                 self.metrics.dead.inc()
+            elif legacy(batch):  # engine hashes of an older release: not placeable
+                self.metrics.dead.inc()
+                prep.heals.append((batch.model, batch.worker_id, "batch of engine hashes (v<3)"))
+                batch = None
             if batch is None or batch.worker_id in self.departed:
                 prep.items.append(("", "", 0, seq, ()))
                 prep.batches.append(None)
                 continue
-            ops, problem = await self._translate(batch)
-            prep.items.append((batch.model, batch.worker_id, batch.event_id, seq, ops))
-            prep.batches.append(None if problem else batch)
-            if problem:
-                prep.heals.append((batch.model, batch.worker_id, problem, seq))
+            self.worker_models[batch.worker_id] = batch.model
+            prep.items.append((batch.model, batch.worker_id, batch.event_id, seq, ops_of(batch)))
+            prep.batches.append(batch)
         return prep
 
     async def _finish(self, prep: _Prepared, started: AppliedLater) -> None:
         """Read a group's results (in group order): heal, count, move ``applied``."""
         results = await started.results()
-        for model, worker_id, reason, seq in prep.heals:
-            await self._heal(model, worker_id, reason, seq)
-        counts = dict.fromkeys(("batches", "stored", "removed", "cleared"), 0)
+        for model, worker_id, reason in prep.heals:
+            await self._heal(model, worker_id, reason)
+        stored = removed = cleared = batches = 0
         for item, batch, res in zip(prep.items, prep.batches, results, strict=True):
             if batch is not None and res.applied:
-                _count(batch, counts)
+                batches += 1
+                s, r, c = count_blocks(batch)
+                stored, removed, cleared = stored + s, removed + r, cleared + c
                 if res.gap:
-                    await self._heal(batch.model, batch.worker_id, "event id gap", 0)
+                    await self._heal(batch.model, batch.worker_id, "event id gap")
             self.applied = max(self.applied, item[3])
-        self.metrics.batches.inc(counts.pop("batches"))
-        for kind, n in counts.items():
+        self.metrics.batches.inc(batches)
+        for kind, n in (("stored", stored), ("removed", removed), ("cleared", cleared)):
             if n:
                 self.metrics.blocks.labels(kind).inc(n)
         self.metrics.applied_seq.set(self.applied)
 
-    async def _translate(self, batch: WireKvBatch) -> tuple[list[IndexOp], str]:
-        """The batch's ops, or no ops and why the worker must be healed instead."""
-        wid = batch.worker_id
-        self.worker_models[wid] = batch.model
-        if not self.translator.knows(wid):  # cold cache (start, failover): refill from Redis
-            for hid in holders(wid):  # the worker and its lower tiers
-                blocks = await self.index.worker_blocks(batch.model, hid)
-                self.translator.preload(hid, blocks.mapping, blocks.parents)
-        tr = self.translator.translate(batch)
-        if tr.missing_parent:
-            return [], "unknown parent block"
-        if tr.unreadable_tokens:
-            return [], "unreadable token ids"
-        return tr.ops, ""
-
-    async def _heal(self, model: str, worker_id: str, reason: str, seq: int) -> None:
+    async def _heal(self, model: str, worker_id: str, reason: str) -> None:
+        """Retire the worker's slots and ask it for its whole cache (at most every
+        ``_HEAL_EVERY_S``: a worker of an older release cannot answer as asked)."""
         self.metrics.gaps.inc()
         self.log.warning("indexer_healing_worker", worker_id=worker_id, model=model, reason=reason)
-        for hid in holders(worker_id):
-            await self.index.drop_worker(model, hid, seq)
-        self.translator.forget(worker_id)
-        for hid in holders(worker_id):
-            self.translator.preload(hid, {})
+        await self.index.drop_worker(model, worker_id)
+        now = time.monotonic()
+        if now - self._healed.get(worker_id, -_HEAL_EVERY_S) < _HEAL_EVERY_S:
+            return
+        self._healed[worker_id] = now
         with contextlib.suppress(Exception):
             await self.nc.publish(
                 self.cfg.subjects.ctl(worker_id, "kv_resync"), encode(ControlRequest())
@@ -472,27 +570,27 @@ class Indexer:
         self.departed.discard(worker_id)
 
     async def worker_gone(self, worker_id: str) -> None:
+        if not self.owns(worker_id):
+            return
         self.departed.add(worker_id)
         model = self.worker_models.pop(worker_id, None)
-        self.translator.forget(worker_id)
         if model is None:
             return
         try:
-            for hid in holders(worker_id):
-                await self.index.drop_worker(model, hid)
+            await self.index.drop_worker(model, worker_id)
         except REDIS_UNREACHABLE as exc:  # the periodic reconcile drops it once Redis answers
             self.log.warning("indexer_drop_failed", worker_id=worker_id, error=repr(exc))
             return
         self.log.info("indexer_dropped_worker", worker_id=worker_id, model=model)
 
     async def reconcile(self, live: set[str]) -> list[str]:
-        """Drop every indexed worker discovery does not know: workers that left while no indexer
-        ran never had their departure seen, and a replay or a snapshot brings their blocks back.
-        Returns the dropped worker ids."""
+        """Drop every indexed worker of this group discovery does not know: workers that left
+        while no indexer ran never had their departure seen, and a replay or a snapshot brings
+        their blocks back. Returns the dropped worker ids."""
         dropped: list[str] = []
         for model in sorted(await self._models()):
             indexed = {worker_of(h) for h in await self.index.workers(model)}
-            for worker_id in sorted(indexed - live):
+            for worker_id in sorted(w for w in indexed - live if self.owns(w)):
                 self.worker_models.setdefault(worker_id, model)
                 await self.worker_gone(worker_id)
                 dropped.append(worker_id)
@@ -501,8 +599,10 @@ class Indexer:
         return dropped
 
     async def _models(self) -> set[str]:
-        """The models with indexed workers: those seen in the stream and those registered."""
+        """The models with indexed workers: seen in the stream, registered, or in the index."""
         models = set(self.worker_models.values())
+        with contextlib.suppress(Exception):
+            models |= await self.index.models()
         with contextlib.suppress(Exception):  # no bucket or no keys yet
             kv = await self.js.key_value(self.cfg.subjects.bucket_name(MODELS_BUCKET))
             for key in await kv.keys():
@@ -541,6 +641,10 @@ class Indexer:
                 info = await self.js.stream_info(stream)
                 self.metrics.lag.set(max(info.state.last_seq - self.applied, 0))
             await asyncio.sleep(1.0)
+
+
+def _glob(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 async def _first(*events: asyncio.Event) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.kv.keys import KvKeys
+from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.router import ApproxKvRouter, KvRouter, KvRouterConfig
 from router.policies import LocalRouter, Router, make_policy
@@ -22,7 +22,7 @@ def build_router(
     if name == "kv":
         if redis is None:
             raise ValueError("the kv router needs Redis (--redis URL)")
-        return KvRouter(RedisPrefixIndex(redis, KvKeys.for_prefix(subjects.prefix)), kv, seed)
+        return KvRouter(RedisPrefixIndex(redis, namespace(subjects.prefix)), kv, seed)
     if name == "approx":
         return ApproxKvRouter(kv, seed)
     policy = make_policy(name, seed)

@@ -25,6 +25,8 @@ class StreamSpec:
     max_bytes: int = -1  # -1: unlimited
     duplicate_window: timedelta = timedelta(minutes=2)  # Nats-Msg-Id dedupe window
     replicas: int = 1  # 3 in a clustered deployment
+    # what the stream stores a message under (source, destination): a subject transform
+    transform: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
         StreamSpec(
             name=s.stream_name("KV"),
             subjects=(s.kv_all(),),
-            description="KV cache block events per worker",
+            transform=s.kv_partition_transform(),
+            description="KV cache block events per worker (stored under the worker's partition)",
             max_age=timedelta(hours=24),
             max_bytes=4 << 30,
             replicas=replicas,

@@ -6,7 +6,8 @@ Layout (prefix ``fleet`` by default, configurable so several fleets share one NA
     {p}.req.{model}.pool.{role}       Request any worker of a pool pulls    FLEET_REQUESTS
     {p}.submit.{model}                Request from a NATS client, unrouted  FLEET_REQUESTS
     {p}.tok.{request_id}              TokenChunk                            FLEET_TOKENS
-    {p}.kv.{model}.{worker}           KvEventBatch                          FLEET_KV
+    {p}.kv.{model}.{worker}           KvEventBatch (stored as below)        FLEET_KV
+    {p}.kv.{model}.{part}.{worker}    ... under the worker's partition      (stream transform)
     {p}.metrics.{model}.{role}.{worker} WorkerLoad                          FLEET_METRICS
     {p}.obs.{model}                   RequestObservation                    FLEET_METRICS
     {p}.scale.{model}.{role}          ScalingDecided                        FLEET_SCALING
@@ -22,12 +23,23 @@ Layout (prefix ``fleet`` by default, configurable so several fleets share one NA
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _TOKEN_OK = re.compile(r"^[A-Za-z0-9_-]+$")
 
 DEFAULT_PREFIX = "fleet"
+KV_PARTITIONS = 16  # FLEET_KV's partitions of the workers (indexer groups each read some)
+
+
+def kv_partition(worker_id: str) -> int:
+    """The partition the stream stores a worker's KV batches under: nats-server's
+    ``partition()`` transform, FNV-1a (32 bits) of the token mod ``KV_PARTITIONS``."""
+    h = 0x811C9DC5
+    for c in worker_id.encode():
+        h = ((h ^ c) * 0x01000193) & 0xFFFFFFFF
+    return h % KV_PARTITIONS
 
 
 def model_token(model: str) -> str:
@@ -85,6 +97,20 @@ class Subjects:
 
     def kv_all(self) -> str:
         return f"{self.prefix}.kv.>"
+
+    def kv_partition_transform(self) -> tuple[str, str]:
+        """FLEET_KV stores a worker's batches under its partition, ``fleet.kv.{model}.{p}.
+        {worker}`` (the server's ``partition()``: FNV-1a of the worker id mod
+        ``KV_PARTITIONS``), so several indexers can each read their part of the workers."""
+        p = self.prefix
+        return (
+            f"{p}.kv.*.*",
+            f"{p}.kv.{{{{wildcard(1)}}}}.{{{{partition({KV_PARTITIONS},2)}}}}.{{{{wildcard(2)}}}}",
+        )
+
+    def kv_partitions(self, partitions: Iterable[int]) -> list[str]:
+        """Filters of the stored batches of some partitions."""
+        return [f"{self.prefix}.kv.*.{p}.*" for p in partitions]
 
     # metrics
     def metrics(self, model: str, role: str, worker_id: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from infra.cli.components import ENGINE_START_TIMEOUT_S, add_common, add_engine, engine_argv
 from infra.cli.planner_args import role_counts
 from schemas import Subjects
+from schemas.hashing import DEFAULT_BRANCH_BLOCKS
 
 COMMANDS = ("planner", "connector", "replay", "profile")
 
@@ -305,8 +306,10 @@ async def _replay_kv(args: argparse.Namespace, subjects: Subjects) -> int:
     try:
         js = nc.jetstream()
         cards = await load_cards(js, subjects)
-        block_size = next(iter(cards.values())).block_size if len(cards) == 1 else 16
-        report = await replay_kv(js, subjects, at_s, args.request, from_s, block_size)
+        card = next(iter(cards.values())) if len(cards) == 1 else None
+        block_size = card.block_size if card is not None else 16
+        branch = card.kv_branch_blocks if card is not None else DEFAULT_BRANCH_BLOCKS
+        report = await replay_kv(js, subjects, at_s, args.request, from_s, block_size, branch)
     except LookupError as exc:
         print(str(exc), file=sys.stderr)
         return 1

@@ -6,13 +6,14 @@ sequence they came from, and remembers the highest sequence applied and each wor
 id in the same step as the change, so a redelivered batch changes nothing and a restart resumes
 exactly.
 
-Blocks are kept per model: ``blocks[model][fleet_hash] = {worker ids}``. A match walks the chain
-and keeps only the workers still matching, stopping when none are left.
+Blocks are kept per model: ``blocks[model][fleet_hash] = {holders}``. A match walks the chain
+and keeps only the holders still matching, stopping when none are left.
 
-``InMemoryPrefixIndex`` serves unit tests and one-process runs; ``RedisPrefixIndex`` (module
-``redis_index``) is the shared one. The contract suite in ``tests/support/kv_contract.py`` runs
-unchanged against both (the Redis one also bisects the chains of workers whose cached blocks are
-prefix-closed, see ``shape``; this one always walks them, which is what the contract checks).
+``InMemoryPrefixIndex`` serves unit tests, the routers' own recent routes and one-process runs;
+``RedisPrefixIndex`` (module ``redis_index``) is the shared one. The contract suite in
+``tests/support/kv_contract.py`` runs unchanged against both (the Redis one also bisects the
+chains of holders whose cached blocks are prefix-closed; this one always walks them, which is
+what the contract checks).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.kv.routing import RouteCall, RouteOutcome, pick, route_cost
+from router.kv.routing import RouteCall, RouteOutcome, Scored, deepest_holders, pick, route_cost
 from router.kv.translate import ClearOp, IndexOp, RemoveOp, StoreOp, holders
 
 
@@ -39,19 +40,16 @@ class PrefixIndex(Protocol):
         """Apply one batch's ops atomically with its stream sequence and worker event id."""
 
     async def match(self, model: str, block_hashes: Sequence[int]) -> dict[str, int]:
-        """Worker id -> number of leading blocks of ``block_hashes`` it holds (> 0 only)."""
+        """Holder -> number of leading blocks of ``block_hashes`` it holds (> 0 only)."""
 
     async def drop_worker(self, model: str, worker_id: str) -> None:
-        """Forget every block of a worker (it left discovery, or its events had a gap)."""
+        """Forget every block of a worker and its tiers (it left discovery, or had a gap)."""
 
     async def applied_seq(self) -> int:
         """Highest stream sequence applied (0: none)."""
 
-    async def worker_mapping(self, model: str, worker_id: str) -> dict[int, int]:
-        """The worker's engine hash -> fleet hash mapping (to refill a translator cache)."""
-
     async def workers(self, model: str) -> set[str]:
-        """Workers with at least one block or a recorded event id."""
+        """Holders with at least one block or a slot."""
 
     async def route(self, call: RouteCall) -> RouteOutcome:
         """Match, score, pick and reserve in one atomic step (see ``routing``)."""
@@ -78,7 +76,7 @@ class _Reservation:
 class InMemoryPrefixIndex:
     def __init__(self) -> None:
         self._blocks: dict[str, dict[int, set[str]]] = {}
-        self._maps: dict[tuple[str, str], dict[int, int]] = {}
+        self._held: dict[tuple[str, str], set[int]] = {}  # (model, holder) -> its blocks
         self._event_ids: dict[tuple[str, str], int] = {}
         self._seq = 0
         self._res: dict[str, _Reservation] = {}
@@ -91,50 +89,51 @@ class InMemoryPrefixIndex:
             return ApplyResult(applied=False)
         key = (model, worker_id)
         last = self._event_ids.get(key, 0)
-        gap = last != 0 and event_id != last + 1
+        gap = last != 0 and event_id > last + 1
         blocks = self._blocks.setdefault(model, {})
         for op in ops:  # an op's holder: the worker or one of its lower tiers
             hid = op.worker_id
             if isinstance(op, StoreOp):
-                mp = self._maps.setdefault((model, hid), {})
-                for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True):
-                    mp[e] = f
-                    blocks.setdefault(f, set()).add(hid)
+                held = self._held.setdefault((model, hid), set())
+                for h in op.hashes:
+                    held.add(h)
+                    blocks.setdefault(h, set()).add(hid)
             elif isinstance(op, RemoveOp):
-                mp = self._maps.setdefault((model, hid), {})
-                for e, f in zip(op.engine_hashes, op.fleet_hashes, strict=True):
-                    mp.pop(e, None)
-                    self._discard(blocks, f, hid)
+                held = self._held.setdefault((model, hid), set())
+                for h in op.hashes:
+                    held.discard(h)
+                    self._discard(blocks, h, hid)
             elif isinstance(op, ClearOp):
                 self._clear(model, hid)
             # ShapeOp: this index always walks chains block by block
-        self._event_ids[key] = max(event_id, last)
+        if worker_id:
+            self._event_ids[key] = max(event_id, last)
         if stream_seq:
             self._seq = stream_seq
         return ApplyResult(applied=True, gap=gap)
 
     @staticmethod
-    def _discard(blocks: dict[int, set[str]], f: int, worker_id: str) -> None:
-        holders = blocks.get(f)
-        if holders is not None:
-            holders.discard(worker_id)
-            if not holders:
-                del blocks[f]
+    def _discard(blocks: dict[int, set[str]], h: int, holder: str) -> None:
+        found = blocks.get(h)
+        if found is not None:
+            found.discard(holder)
+            if not found:
+                del blocks[h]
 
-    def _clear(self, model: str, worker_id: str) -> None:
+    def _clear(self, model: str, holder: str) -> None:
         blocks = self._blocks.get(model, {})
-        for f in self._maps.pop((model, worker_id), {}).values():
-            self._discard(blocks, f, worker_id)
+        for h in self._held.pop((model, holder), set()):
+            self._discard(blocks, h, holder)
 
     async def match(self, model: str, block_hashes: Sequence[int]) -> dict[str, int]:
         blocks = self._blocks.get(model, {})
         result: dict[str, int] = {}
         active: set[str] | None = None
         for i, h in enumerate(block_hashes):
-            holders = blocks.get(h)
-            if not holders:
+            found = blocks.get(h)
+            if not found:
                 break
-            active = set(holders) if active is None else active & holders
+            active = set(found) if active is None else active & found
             if not active:
                 break
             for w in active:
@@ -142,58 +141,56 @@ class InMemoryPrefixIndex:
         return result
 
     async def drop_worker(self, model: str, worker_id: str) -> None:
-        self._clear(model, worker_id)
+        for hid in holders(worker_id):
+            self._clear(model, hid)
         self._event_ids.pop((model, worker_id), None)
 
     async def applied_seq(self) -> int:
         return self._seq
 
-    async def worker_mapping(self, model: str, worker_id: str) -> dict[int, int]:
-        return dict(self._maps.get((model, worker_id), {}))
-
     async def workers(self, model: str) -> set[str]:
         return {w for (m, w) in self._event_ids if m == model} | {
-            w for (m, w), mp in self._maps.items() if m == model and mp
+            w for (m, w), held in self._held.items() if m == model and held
         }
 
     async def route(self, call: RouteCall) -> RouteOutcome:
         self._expire(call.now_ms)
         overlap = await self.match(call.model, call.block_hashes)
-        costs: list[float] = []
-        loads: list[float] = []
-        overlaps: list[int] = []
+        explicit = call.explicit()
+        chosen = [(w, overlap.get(w, 0)) for w in explicit]
+        for w, ov in deepest_holders(overlap, call.pool.workers, set(explicit), call.max_holders):
+            chosen.append((w, ov))
         blocks = self._blocks.get(call.model, {})
-        for c in call.candidates:
-            p, d = self._load.get((call.model, c.worker_id), [0, 0])
-            ap = max(p, c.reported_prefill_blocks)
-            ad = max(d, c.reported_decode_blocks)
-            ov = overlap.get(c.worker_id, 0)
+        scored: list[Scored] = []
+        for w, ov in chosen:
+            p, d = self._load.get((call.model, w), [0, 0])
+            rp, rd = call.pool.load_of(w)
+            ap, ad = max(p, rp), max(d, rd)
             if call.host_weight > 0:
-                ov = _with_tiers(blocks, call.block_hashes, c.worker_id, ov, call.host_weight)
-            ov = max(ov, c.hint_overlap_blocks)
-            overlaps.append(ov)
-            costs.append(
-                route_cost(
-                    call.prefill_weight, ap, ad, call.new_blocks, ov, call.prefill_overhead_blocks
-                )
+                ov = _with_tiers(blocks, call.block_hashes, w, ov, call.host_weight)
+            ov = max(ov, call.hints.get(w, 0))
+            cost = route_cost(
+                call.prefill_weight, ap, ad, call.new_blocks, ov, call.prefill_overhead_blocks
             )
-            loads.append(ap + ad)
-        i = pick(costs, call.temperature, call.rand)
-        winner = call.candidates[i].worker_id
+            scored.append(Scored(w, ov, ap + ad, cost))
+        if not scored:
+            raise ValueError("a route needs at least one candidate")
+        i = pick([s.cost for s in scored], call.temperature, call.rand)
+        winner = scored[i]
         if call.request_id:
             await self.release(call.request_id)
             res = _Reservation(
                 call.model,
-                winner,
-                max(call.new_blocks - overlaps[i], 0) + call.prefill_overhead_blocks,
+                winner.worker_id,
+                max(call.new_blocks - winner.overlap_blocks, 0) + call.prefill_overhead_blocks,
                 call.new_blocks,
                 call.now_ms + call.ttl_ms,
             )
             self._res[call.request_id] = res
-            acc = self._load.setdefault((call.model, winner), [0, 0])
+            acc = self._load.setdefault((call.model, winner.worker_id), [0, 0])
             acc[0] += res.prefill
             acc[1] += res.decode
-        return RouteOutcome(winner, tuple(overlaps), tuple(costs), tuple(loads))
+        return RouteOutcome(winner.worker_id, tuple(scored))
 
     async def release(self, request_id: str, prefill_only: bool = False) -> bool:
         res = self._res.get(request_id)

@@ -1,55 +1,53 @@
 """Redis key layout of the prefix index and the routing reservations (one place, one namespace).
 
-All keys start with ``{ns}`` (default ``jf:{subject prefix}``), so several fleets share a Redis.
-The index and reservation keys sit under ``{ns}:{LAYOUT}`` (``base`` below): a layout change
-bumps ``LAYOUT``, so an indexer of the new layout finds no position, restores the latest snapshot
-(whose format does not depend on the layout) and replays the rest of FLEET_KV, instead of
-misreading keys of the old one. The leader lock stays outside, so old and new indexers still
-exclude each other.
+The index is cut into **shards** (``shards.py``): a block lives on the shard its branch tag names
+(``schemas.hashing``), and a request's route reads one shard. Every key of shard ``i`` carries the
+shard's hash tag (``{ns}:v3:{<tag>}:...``), so on a Redis Cluster each shard is one slot on one
+node and every script touches one slot; on a single Redis (or Sentinel) the shards share the
+server. ``{ns}`` defaults to ``jf:{subject prefix}``, so several fleets share a Redis; a layout
+change bumps ``LAYOUT`` (an indexer of the new layout finds no position and rebuilds).
 
-| key (``{b}`` = ``{ns}:{LAYOUT}``) | type | holds |
+Per shard (``{b}`` = ``{ns}:v3:{<tag>}``):
+
+| key | type | holds |
 |---|---|---|
-| ``{b}:slot:{model}`` | hash | worker id -> bit slot (small int, reused after a worker leaves) |
-| ``{b}:slotmap:{model}`` | string | the slot hash as one msgpack map (ROUTE decodes it in C) |
-| ``{b}:slotfree:{model}`` | list | freed slots |
-| ``{b}:slotnext:{model}`` | string | next new slot |
-| ``{b}:blk:{model}`` | hash | block hash (8 raw bytes) -> holder bitmap (see below) |
-| ``{b}:nohole:{model}`` | string | bit per slot: the worker's blocks are prefix-closed (below) |
-| ``{b}:map:{model}:{worker}`` | hash | engine hash -> fleet hash and parent (see below) |
-| ``{b}:evid:{model}`` | hash | worker id -> last applied event id |
-| ``{b}:pos`` | hash | ``seq`` -> highest FLEET_KV stream sequence applied |
-| ``{b}:loadp:{model}`` | hash | worker id -> reserved prefill blocks |
-| ``{b}:loadd:{model}`` | hash | worker id -> reserved decode blocks |
+| ``{b}:blk:{model}`` | hash | block hash (8 raw bytes) -> holder bitmap (bit per slot, below) |
+| ``{b}:nohole:{model}`` | string | bit per slot: the holder's blocks are prefix-closed |
+| ``{b}:slot:{model}`` | hash | holder -> slot (a copy of shard 0's table, for routes) |
+| ``{b}:slotw:{model}`` | hash | slot -> holder (the same copy, the other way) |
+| ``{b}:slotver:{model}`` | string | version of that copy (bumped on every change of the table) |
+| ``{b}:pos`` | hash | indexer group -> highest FLEET_KV sequence applied to this shard |
+| ``{b}:evid:{model}`` | hash | worker -> its last event id applied to this shard |
+| ``{b}:loadp:{model}`` | hash | worker -> reserved prefill blocks (routes of this shard) |
+| ``{b}:loadd:{model}`` | hash | worker -> reserved decode blocks |
 | ``{b}:r:{request}`` | hash | one reservation (worker, model, p, d); TTL = reservation TTL |
 | ``{b}:rexp`` | zset | request id -> expiry (ms); expired reservations are released lazily |
-| ``{ns}:leader`` | string | indexer leadership lock (owner id, TTL) |
+| ``{b}:epoch`` | string | written with the shard's first position; gone after a FLUSHALL |
+
+Shard 0 also holds the slot table's source and its free lists:
+
+| key | type | holds |
+|---|---|---|
+| ``{b0}:slotnext:{model}`` | string | next new slot |
+| ``{b0}:slotfree:{model}`` | list | slots swept clean, to reuse |
+| ``{b0}:slotdead:{model}`` | zset | retired slots -> when (ms): bits still to sweep |
+| ``{b0}:leader:{group}`` | string | indexer leadership lock of a group of workers (owner id, TTL) |
 
 Holder bitmap: bit ``s`` (most significant bit first, as ``SETBIT`` numbers them) is set when the
-worker in slot ``s`` holds the block; trailing zero bytes are trimmed and a block nobody holds has
-no field. All blocks of a model live in one hash, not one key each: a match reads a request's
-blocks with one ``HMGET`` whose fields are the raw hashes (no per-block key to build in Lua), and
-the indexer updates a run of blocks with one ``HMGET`` + one ``HSET`` instead of a command per
-block (about 1 µs of Redis time per block instead of 3-5; memory per block is smaller too). It
-ties the index of a model to one Redis node: single-node Redis or Sentinel, not Redis Cluster.
+holder in slot ``s`` holds the block; trailing zero bytes are trimmed and a block nobody holds has
+no field. A holder is a worker or a lower tier of its cache (``translate.tier_holder``).
 
-Map value, by length (hashes 8 raw bytes; the parent is the fleet hash of the block before it in
-the worker's chain, kept so a restarted indexer can rebuild which workers are prefix-closed):
+**Slots and generations.** A holder gets a slot when it joins. A departure, an
+``AllBlocksCleared`` or a heal does not touch the blocks: the holder's slot is *retired* (it
+leaves the table, so no route reads its bits) and, for a holder that stays, a fresh slot is
+given. A sweeper clears retired slots' bits later in bounded steps (``HSCAN`` of a few hundred
+fields a call) and only then frees the slots for reuse. So no call is proportional to a worker's
+cache, and there is no per-worker block list to keep: the index holds one field per distinct
+block, whoever holds it.
 
-| length | fleet hash | parent |
-|---|---|---|
-| 0 | the engine hash | none (a root block) |
-| 1 (``?``) | the engine hash | unknown (restored from a snapshot) |
-| 8 | the engine hash | the value |
-| 9 | the first 8 bytes | none if the last byte is ``r``, unknown if ``?`` |
-| 16 | the first 8 bytes | the last 8 |
-
-Engines that hash like the fleet (e.g. the mocker) thus store no second copy of the hash, and the
-parent of all but a run's first block is a string the script already holds.
-
-Prefix-closed workers (``nohole``, set by the indexer from ``shape.WorkerShape``): every block
-such a worker holds has its parent held too, so holding block i of a request's chain means holding
-blocks 0..i-1 and a match bisects the chain (about log2(n) reads) instead of walking it. A worker
-without the bit (a hole, or structure unknown) is walked block by block, as every worker was.
+Prefix-closed holders (``nohole``, from the workers' ``ShapeChanged``): every block such a holder
+holds has its parent held too, so holding block i of a request's chain means holding blocks
+0..i-1 and a match bisects the chain (about log2(n) reads) instead of walking it.
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ from dataclasses import dataclass
 
 RESERVATION_TTL_MS = 120_000  # a reservation not released within this expires on its own
 LEADER_TTL_MS = 5_000  # an indexer leader that stops renewing loses the lock after this
-LAYOUT = "v2"  # version of the layout above
+LAYOUT = "v3"  # version of the layout above
 
 
 def pack_hashes(hashes: Sequence[int]) -> bytes:
@@ -78,36 +76,43 @@ def unpack_blob(blob: bytes) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class KvKeys:
-    ns: str
+class ShardKeys:
+    """The keys of one shard: every one carries the shard's hash tag."""
 
-    @classmethod
-    def for_prefix(cls, subject_prefix: str) -> KvKeys:
-        return cls(f"jf:{subject_prefix}")
+    ns: str
+    tag: str
 
     @property
     def base(self) -> str:
-        """Prefix of every index and reservation key (what the Lua scripts get as ``ns``)."""
-        return f"{self.ns}:{LAYOUT}"
-
-    def slot(self, model: str) -> str:
-        return f"{self.base}:slot:{model}"
+        """Prefix of every key of the shard (what the Lua scripts get as ``ns``)."""
+        return f"{self.ns}:{LAYOUT}:{{{self.tag}}}"
 
     def blocks(self, model: str) -> str:
         return f"{self.base}:blk:{model}"
 
-    def map(self, model: str, worker_id: str) -> str:
-        return f"{self.base}:map:{model}:{worker_id}"
+    def nohole(self, model: str) -> str:
+        return f"{self.base}:nohole:{model}"
 
-    def map_prefix(self) -> str:
-        return f"{self.base}:map:"
+    def slot(self, model: str) -> str:
+        return f"{self.base}:slot:{model}"
+
+    def slotw(self, model: str) -> str:
+        return f"{self.base}:slotw:{model}"
+
+    def slotver(self, model: str) -> str:
+        return f"{self.base}:slotver:{model}"
+
+    def slotnext(self, model: str) -> str:
+        return f"{self.base}:slotnext:{model}"
+
+    def slotfree(self, model: str) -> str:
+        return f"{self.base}:slotfree:{model}"
+
+    def slotdead(self, model: str) -> str:
+        return f"{self.base}:slotdead:{model}"
 
     def evid(self, model: str) -> str:
         return f"{self.base}:evid:{model}"
-
-    @property
-    def pos(self) -> str:
-        return f"{self.base}:pos"
 
     def load_prefill(self, model: str) -> str:
         return f"{self.base}:loadp:{model}"
@@ -116,16 +121,34 @@ class KvKeys:
         return f"{self.base}:loadd:{model}"
 
     @property
-    def leader(self) -> str:
-        return f"{self.ns}:leader"
+    def pos(self) -> str:
+        return f"{self.base}:pos"
+
+    @property
+    def rexp(self) -> str:
+        return f"{self.base}:rexp"
+
+    def reservation(self, request_id: str) -> str:
+        return f"{self.base}:r:{request_id}"
 
     @property
     def epoch(self) -> str:
-        """Written by the indexer with its first position; gone after a FLUSHALL (see
+        """Written by the indexer with the shard's first position; gone after a FLUSHALL (see
         ``router.indexer.Indexer.check_epoch``)."""
-        return f"{self.ns}:epoch"
+        return f"{self.base}:epoch"
+
+    def leader(self, group: int) -> str:
+        return f"{self.base}:leader:{group}"
+
+    def models(self) -> str:
+        """Pattern of this shard's block hashes (one per model), for a scan."""
+        return f"{self.base}:blk:*"
 
     def is_reservation(self, key: str) -> bool:
         """Routing state (reservations and the loads they add up to), not the index."""
         rest = key[len(self.base) + 1 :]
         return rest.startswith(("r:", "rexp", "loadp:", "loadd:"))
+
+
+def namespace(subject_prefix: str) -> str:
+    return f"jf:{subject_prefix}"

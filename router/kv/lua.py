@@ -1,18 +1,18 @@
 """The Lua scripts of the Redis prefix index (``scripts/*.lua``, layout in ``keys``). Each runs
-atomically and is bounded.
+atomically on one shard, touches only that shard's keys (declared in ``KEYS``; the reservations a
+route finds in the expiry set carry the same hash tag) and is bounded.
 
-Keys are derived inside the scripts from the ``ns`` argument (``KvKeys.base``; single-node Redis
-or Sentinel, not Redis Cluster). Block hashes cross the boundary as one binary argument, 8 raw
-big-endian bytes each, sliced in Lua (a slice is a hash field as is: nothing else to build).
-Numbers cross as strings where Lua would truncate them; ROUTE takes and returns msgpack
+Block hashes cross the boundary as one binary argument, 8 raw big-endian bytes each, sliced in Lua
+(a slice is a hash field as is: nothing else to build). ROUTE takes and returns msgpack
 (``cmsgpack``) so its per-candidate columns cost no Lua string parsing.
 
-Bounds: ``APPLY_MANY`` carries as many block events as the caller packs into one call (the
-indexer caps a call at ``redis_index.MAX_BLOCKS_PER_CALL``; 3-4 µs of Redis time per block event
-here). ``MATCH`` / ``ROUTE`` bisect the chains of prefix-closed workers (about log2(n) block reads
-per distinct overlap) and walk the others' block by block, in growing chunks that stop when none
-of them still matches. Lua in Redis costs 0.1-0.4 µs per C call or table operation here, so the
-per-candidate loops (64 workers) are written to do as little as they can.
+Bounds: ``APPLY`` carries as many block events as the indexer packs into one call
+(``redis_index.MAX_BLOCKS_PER_CALL``); ``ROUTE`` bisects the chains of prefix-closed holders
+(about log2(n) block reads per distinct overlap) and walks the others' block by block, and scores
+the router's sample and at most ``max_holders`` holders, whatever the fleet's size; ``SWEEP`` scans
+a bounded number of fields a call; ``SYNC_SLOTS`` writes a slot table (two fields per worker);
+``MATCH`` (diagnostics only) reads every holder. Lua in Redis costs 0.1-0.4 µs per C call or
+table operation here, so the loops are written to do as little as they can.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ def _with_common(name: str) -> str:
     return _COMMON + "\n" + _script(name)
 
 
-APPLY_MANY = _with_common("apply_many")
-DROP_WORKER = _with_common("drop_worker")
+APPLY = _with_common("apply")
 MATCH = _with_common("match")
 ROUTE = _with_common("route")
 RELEASE = _with_common("release")
+SLOTS = _with_common("slots")
+SYNC_SLOTS = _with_common("sync_slots")
+SWEEP = _with_common("sweep")
+FREE_SLOTS = _with_common("free_slots")

@@ -2,7 +2,7 @@
 went where it went.
 
 Rebuilds the index from ``FLEET_KV`` alone (every batch stored up to ``--at``, in stream order,
-through the same ``EventTranslator`` and the in-memory implementation of the index contract), so
+through the same translation into ops and the in-memory implementation of the index contract), so
 it needs neither Redis nor the live indexer. With ``--request`` (and ``--at`` defaulting to the
 moment its first attempt was routed) it recomputes the prompt's block hashes, matches them
 against the rebuilt index and prints every worker's overlap next to what the router recorded
@@ -24,8 +24,9 @@ from nats.js import JetStreamContext
 
 from base.stream_read import Recorded, read_messages
 from router.kv.index import InMemoryPrefixIndex
-from router.kv.translate import EventTranslator, fleet_hashes_for_prompt
+from router.kv.translate import fleet_hashes_for_prompt, legacy, ops_of
 from schemas import KvEventBatch, Request, RouteDecision, Subjects, WireDecodeError, decode
+from schemas.hashing import DEFAULT_BRANCH_BLOCKS
 
 
 @dataclass
@@ -44,7 +45,6 @@ class KvReplay:
 async def rebuild(batches: list[Recorded], at_s: float) -> tuple[InMemoryPrefixIndex, KvReplay]:
     """Apply every batch stored at or before ``at_s`` to a fresh in-memory index."""
     index = InMemoryPrefixIndex()
-    translator = EventTranslator()
     report = KvReplay(at_s)
     for rec in batches:
         if rec.time_s > at_s:
@@ -54,7 +54,10 @@ async def rebuild(batches: list[Recorded], at_s: float) -> tuple[InMemoryPrefixI
         except WireDecodeError:
             report.undecodable += 1
             continue
-        ops = translator.translate(batch).ops
+        if legacy(batch):  # engine hashes of an older release: not placeable
+            report.undecodable += 1
+            continue
+        ops = ops_of(batch)
         await index.apply(batch.model, batch.worker_id, batch.event_id, rec.seq, ops)
         report.batches += 1
     for model, blocks in index.dump().items():
@@ -84,6 +87,7 @@ async def replay_kv(
     request_id: str | None,
     from_s: float,
     block_size: int,
+    branch_blocks: int = DEFAULT_BRANCH_BLOCKS,
 ) -> KvReplay:
     start = datetime.fromtimestamp(from_s, UTC)
     request: tuple[Request, Recorded] | None = None
@@ -105,7 +109,7 @@ async def replay_kv(
     index, report = await rebuild(batches, when)
     if request is not None:
         req, rec = request
-        hashes = fleet_hashes_for_prompt(req.token_ids, block_size, req.lora_name)
+        hashes = fleet_hashes_for_prompt(req.token_ids, block_size, req.lora_name, branch_blocks)
         report.request = req
         report.routed_to = rec.subject.rsplit(".", 1)[-1] if ".w." in rec.subject else ""
         report.prompt_blocks = len(hashes)

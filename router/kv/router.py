@@ -1,13 +1,18 @@
 """KV-aware routers: ``kv`` (prefix index fed by KV events) and ``approx`` (routing history).
 
-``kv`` — one Redis round trip per request (``PrefixIndex.route``): the request's chained block
-hashes are matched against every candidate, each candidate is scored with
+``kv`` — one Redis round trip per request (``PrefixIndex.route``), on the shard of the request's
+branch. Scored are: up to ``sample`` workers of the candidate pool (all of them in a fleet that
+small; else half the least loaded as last reported and half at random, "the power of choices"),
+the workers this router's recent routes hint at, and the holders of the request's deepest cached
+blocks (up to ``max_holders``, found by the index); each with
 
     cost = prefill_weight * (max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
                              + prefill_overhead_blocks)
            + active_decode_blocks + new_blocks
 
-and the lowest cost wins (ties at random; with ``temperature > 0`` a softmax sample over
+So a route costs the same with 16 workers and with 1,024, and the decision an observation
+carries holds the ``OBSERVED_CANDIDATES`` best, not the fleet. The lowest cost wins (ties at
+random; with ``temperature > 0`` a softmax sample over
 ``-cost / temperature``); the rule itself is ``router/kv/routing.py: route_cost``, which the Lua
 ``route`` script mirrors. ``active_*`` is the larger of the reservations every router holds on the
 worker (Redis, visible to all frontends) and the worker's own last ``WorkerLoad`` report
@@ -37,6 +42,7 @@ seconds (assumed cached there), and the load from this router's own in-flight co
 
 from __future__ import annotations
 
+import heapq
 import random
 import time
 from collections import deque
@@ -48,12 +54,14 @@ import structlog
 from router.fleet_state import WorkerView
 from router.kv.index import InMemoryPrefixIndex, PrefixIndex
 from router.kv.resp import REDIS_UNREACHABLE
-from router.kv.routing import CandidateLoad, RouteCall, pick, route_cost
+from router.kv.routing import MAX_HOLDERS, RouteCall, WorkerPool, pick, route_cost
 from router.kv.translate import RemoveOp, StoreOp, fleet_hashes_for_prompt
 from router.policies import RouteQuery
 from schemas import RouteCandidate, RouteDecision
 
 log = structlog.get_logger("jetfleet.router.kv")
+
+OBSERVED_CANDIDATES = 8  # candidates a decision keeps (the winner and the next best)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,14 @@ class KvRouterConfig:
     """kv: while Redis is unreachable (an outage, a Sentinel failover), route by the workers'
     reported load and this router's recent routes (policy ``kv-fallback``) instead of failing
     requests with 503; off: a clear 503 ``routing_unavailable``."""
+    sample: int = 16
+    """kv: workers scored per request besides the holders of its prefix: all of them up to this
+    many, else half the least loaded (as last reported) and half at random."""
+    max_holders: int = MAX_HOLDERS
+    """kv: holders of a request's deepest blocks scored besides the sample, at most."""
+    pool_refresh_s: float = 0.05
+    """kv: the load figures routes use are rebuilt at most this often (each rebuild reads every
+    candidate: its cost grows with the fleet, this bounds how often it is paid)."""
 
 
 def _blocks(n_tokens: int, block_size: int) -> int:
@@ -105,16 +121,27 @@ class RecentRoutes:
     async def expire(self, now: float) -> None:
         while self._history and now - self._history[0][0] > self.ttl_s:
             _, model, worker, hashes = self._history.popleft()
-            await self._apply(model, worker, RemoveOp(worker, hashes, hashes))
+            await self._apply(model, worker, RemoveOp(worker, hashes))
 
     async def record(self, now: float, model: str, worker: str, hashes: tuple[int, ...]) -> None:
         if hashes:
-            await self._apply(model, worker, StoreOp(worker, hashes, hashes))
+            await self._apply(model, worker, StoreOp(worker, hashes))
             self._history.append((now, model, worker, hashes))
 
     async def match(self, model: str, hashes: tuple[int, ...], now: float) -> dict[str, int]:
         await self.expire(now)
         return await self.index.match(model, hashes)
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """A ``WorkerPool`` and what sampling it needs, built from one candidate list."""
+
+    source: Sequence[WorkerView]
+    built_at: float
+    pool: WorkerPool
+    members: frozenset[str]
+    least_loaded: tuple[str, ...]
 
 
 class KvRouter:
@@ -130,37 +157,89 @@ class KvRouter:
         self._fallback_ids: set[str] = set()  # routed while Redis was away: reserved in memory
         self.fallbacks = 0
         self._redis_down = False
+        self._pools: dict[tuple[str, int], _Pool] = {}
 
     async def warm(self) -> None:
         """Get the index ready for the first request (scripts loaded, connection open)."""
         await self.index.warm()
 
-    def _candidate(self, v: WorkerView, block_size: int, now: float, hint: int) -> CandidateLoad:
+    def _reported(self, v: WorkerView, block_size: int, now: float) -> tuple[float, float] | None:
         load = v.load
         if load is None or now - v.load_at > self.cfg.load_report_max_age_s:
-            return CandidateLoad(v.worker_id, hint_overlap_blocks=hint)
-        return CandidateLoad(
-            v.worker_id,
-            reported_prefill_blocks=load.active_prefill_tokens / block_size
+            return None
+        return (
+            load.active_prefill_tokens / block_size
             + self.cfg.prefill_overhead_blocks * load.num_waiting,
-            reported_decode_blocks=float(load.active_decode_blocks),
-            hint_overlap_blocks=hint,
+            float(load.active_decode_blocks),
         )
+
+    def _pool(self, model: str, candidates: Sequence[WorkerView], now: float) -> _Pool:
+        """The pool of a candidate list, rebuilt when the list changes or its load figures are
+        older than ``pool_refresh_s`` (a list the fleet state keeps while nobody joins or
+        leaves)."""
+        key = (model, len(candidates))
+        found = self._pools.get(key)
+        if (
+            found is not None
+            and found.source is candidates
+            and now - found.built_at < self.cfg.pool_refresh_s
+        ):
+            return found
+        block_size = candidates[0].reg.block_size
+        reported: dict[str, tuple[float, float]] = {}
+        for v in candidates:
+            r = self._reported(v, block_size, now)
+            if r is not None:
+                reported[v.worker_id] = r
+        workers = tuple(v.worker_id for v in candidates)
+        half = max(self.cfg.sample // 2, 1)
+        pw = self.cfg.prefill_weight
+        ranked = heapq.nsmallest(
+            half,
+            workers,
+            key=lambda w: pw * reported.get(w, (0.0, 0.0))[0] + reported.get(w, (0.0, 0.0))[1],
+        )
+        built = _Pool(
+            candidates, now, WorkerPool(workers, reported), frozenset(workers), tuple(ranked)
+        )
+        if len(self._pools) > 32:
+            self._pools.clear()
+        self._pools[key] = built
+        return built
+
+    def _sample(self, pool: _Pool) -> tuple[str, ...]:
+        workers = pool.pool.workers
+        k = self.cfg.sample
+        if len(workers) <= k:
+            return workers
+        picked = dict.fromkeys(pool.least_loaded)
+        while len(picked) < k:
+            picked.setdefault(workers[self._rng.randrange(len(workers))], None)
+        return tuple(picked)
 
     async def route(self, query: RouteQuery, candidates: Sequence[WorkerView]) -> RouteDecision:
         t0 = time.perf_counter()
-        block_size = candidates[0].reg.block_size
-        hashes = tuple(fleet_hashes_for_prompt(query.token_ids, block_size, query.lora_name))
+        reg = candidates[0].reg
+        block_size = reg.block_size
+        hashes = tuple(
+            fleet_hashes_for_prompt(
+                query.token_ids, block_size, query.lora_name, reg.kv_branch_blocks
+            )
+        )
         now = time.monotonic()
-        hints = await self._recent.match(query.model, hashes, now) if self.cfg.hint_ttl_s else {}
+        pool = self._pool(query.model, candidates, now)
+        hints: dict[str, int] = {}
+        if self.cfg.hint_ttl_s:
+            seen = await self._recent.match(query.model, hashes, now)
+            hints = {w: ov for w, ov in seen.items() if w in pool.members}
         call = RouteCall(
             model=query.model,
             request_id=query.request_id,
             block_hashes=hashes,
             new_blocks=_blocks(query.num_prompt_tokens, block_size),
-            candidates=tuple(
-                self._candidate(v, block_size, now, hints.get(v.worker_id, 0)) for v in candidates
-            ),
+            pool=pool.pool,
+            sampled=self._sample(pool),
+            hints=hints,
             prefill_weight=self.cfg.prefill_weight,
             prefill_overhead_blocks=self.cfg.prefill_overhead_blocks,
             temperature=self.cfg.temperature,
@@ -168,6 +247,7 @@ class KvRouter:
             now_ms=int(time.time() * 1000),
             ttl_ms=int(self.cfg.reservation_ttl_s * 1000),
             host_weight=self.cfg.host_hit_weight,
+            max_holders=self.cfg.max_holders,
         )
         policy = self.name
         try:
@@ -192,10 +272,8 @@ class KvRouter:
         if self.cfg.hint_ttl_s:
             await self._recent.record(now, query.model, out.winner, hashes)
         cands = tuple(
-            RouteCandidate(c.worker_id, ov, load, cost)
-            for c, ov, load, cost in zip(
-                call.candidates, out.overlaps, out.loads, out.costs, strict=True
-            )
+            RouteCandidate(s.worker_id, s.overlap_blocks, s.load, s.cost)
+            for s in out.best(OBSERVED_CANDIDATES)
         )
         return RouteDecision(
             policy, out.winner, cands, decision_us=(time.perf_counter() - t0) * 1e6
@@ -228,8 +306,13 @@ class ApproxKvRouter:
     async def route(self, query: RouteQuery, candidates: Sequence[WorkerView]) -> RouteDecision:
         t0 = time.perf_counter()
         now = time.monotonic()
-        block_size = candidates[0].reg.block_size
-        hashes = tuple(fleet_hashes_for_prompt(query.token_ids, block_size, query.lora_name))
+        reg = candidates[0].reg
+        block_size = reg.block_size
+        hashes = tuple(
+            fleet_hashes_for_prompt(
+                query.token_ids, block_size, query.lora_name, reg.kv_branch_blocks
+            )
+        )
         overlaps = await self._recent.match(query.model, hashes, now)
         new_blocks = _blocks(query.num_prompt_tokens, block_size)
         costs = []

@@ -1,12 +1,20 @@
 """Types of the one-step routing call shared by both index implementations.
 
-``route`` = match the request's blocks, score every candidate with the cost below, pick the
-lowest (ties broken with the caller's random number; with a temperature, sample a softmax over
+``route`` = match the request's blocks, score the candidates with the cost below, pick the lowest
+(ties broken with the caller's random number; with a temperature, sample a softmax over
 ``-cost / temperature``), and reserve the winner's predicted load — atomically.
 
     cost = prefill_weight * (max(active_prefill_blocks + new_blocks - overlap_blocks, 0)
                              + prefill_overhead_blocks)
            + active_decode_blocks + new_blocks
+
+**Who is scored.** The router passes its ``WorkerPool`` (every worker it may send the request
+to, with the load each last reported) and a few ``sampled`` workers (all of the pool when it is
+small; else a sample, see ``router.py``) and the workers it hints. The index scores the sampled
+and hinted workers, and the pool's holders of the request's deepest blocks: groups of equal
+overlap, deepest first, up to ``max_holders`` in all (a group that does not fit gives its first
+members, in an order of the index's choosing). So a route costs the same at 16 workers and at
+1,024, yet a worker that holds more of the prompt than any other is always seen.
 
 ``overlap_blocks`` is the larger of what the index holds and the caller's hint (blocks it routed to
 that worker moments ago, whose KV events may not be indexed yet). What the index holds is the
@@ -25,15 +33,28 @@ when the request ends (its prefill part at the first token), and expires by itse
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+
+MAX_HOLDERS = 16  # holders of a request's deepest blocks scored besides the sample
+_pool_ids = count(1)
 
 
 @dataclass(frozen=True, slots=True)
-class CandidateLoad:
-    worker_id: str
-    reported_prefill_blocks: float = 0.0
-    reported_decode_blocks: float = 0.0
-    hint_overlap_blocks: int = 0  # overlap the caller expects before the index knows it
+class WorkerPool:
+    """The workers a router may send a request of one kind to, as it knows them now. Built once
+    per change of who is in it or of what they reported, and shared by every route until then
+    (an index may keep encodings of it by ``key``)."""
+
+    workers: tuple[str, ...]
+    reported: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """worker -> (prefill blocks, decode blocks) it reported; absent: nothing recent."""
+    key: int = field(default_factory=lambda: next(_pool_ids))
+
+    def load_of(self, worker_id: str) -> tuple[float, float]:
+        return self.reported.get(worker_id, (0.0, 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +63,10 @@ class RouteCall:
     request_id: str  # "" = score only, reserve nothing
     block_hashes: tuple[int, ...]
     new_blocks: int  # blocks the prompt occupies (ceil(tokens / block_size))
-    candidates: tuple[CandidateLoad, ...]
+    pool: WorkerPool
+    sampled: tuple[str, ...]  # scored whatever they hold (workers of the pool)
+    hints: Mapping[str, int] = field(default_factory=dict)
+    """worker -> overlap the caller expects before the index knows it; also scored."""
     prefill_weight: float = 1.0
     prefill_overhead_blocks: int = 0  # per request still to prefill (see above)
     temperature: float = 0.0
@@ -52,14 +76,49 @@ class RouteCall:
     # a worker's GPU prefix continues through the blocks its lower tiers (host memory) hold,
     # each counted as this fraction of a block, rounded down (0: lower tiers ignored)
     host_weight: float = 0.0
+    max_holders: int = MAX_HOLDERS
+
+    def explicit(self) -> tuple[str, ...]:
+        """The sampled workers, then the hinted ones not sampled: always scored."""
+        extra = tuple(w for w in self.hints if w not in set(self.sampled))
+        return self.sampled + extra
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    worker_id: str
+    overlap_blocks: int
+    load: float  # active prefill + decode blocks used in the cost
+    cost: float
 
 
 @dataclass(frozen=True, slots=True)
 class RouteOutcome:
     winner: str
-    overlaps: tuple[int, ...]  # per candidate, in call order
-    costs: tuple[float, ...]
-    loads: tuple[float, ...]  # active prefill + decode blocks used in the cost
+    scored: tuple[Scored, ...]  # every candidate scored (sampled and hinted first)
+
+    def by_worker(self) -> dict[str, Scored]:
+        return {s.worker_id: s for s in self.scored}
+
+    def overlap(self, worker_id: str) -> int:
+        found = self.by_worker().get(worker_id)
+        return found.overlap_blocks if found is not None else 0
+
+    def cost(self, worker_id: str) -> float:
+        return self.by_worker()[worker_id].cost
+
+    def load(self, worker_id: str) -> float:
+        return self.by_worker()[worker_id].load
+
+    def best(self, n: int) -> tuple[Scored, ...]:
+        """The ``n`` lowest-cost candidates, the winner first (what an observation keeps)."""
+        rest = sorted((s for s in self.scored if s.worker_id != self.winner), key=_by_cost)
+        win = [s for s in self.scored if s.worker_id == self.winner]
+        return tuple(win + rest)[:n]
+
+
+def _by_cost(s: Scored) -> tuple[float, str]:
+    return s.cost, s.worker_id
 
 
 def route_cost(
@@ -76,10 +135,8 @@ def route_cost(
     return prefill_weight * need + active_decode_blocks + new_blocks
 
 
-def pick(costs: list[float], temperature: float, rand: float) -> int:
+def pick(costs: Sequence[float], temperature: float, rand: float) -> int:
     """Index of the winner (same rule as the Lua script)."""
-    import math
-
     best = min(costs)
     if temperature > 0:
         weights = [math.exp(-(c - best) / temperature) for c in costs]
@@ -92,3 +149,17 @@ def pick(costs: list[float], temperature: float, rand: float) -> int:
         return len(costs) - 1
     ties = [i for i, c in enumerate(costs) if c == best]
     return ties[min(len(ties) - 1, int(rand * len(ties)))]
+
+
+def deepest_holders(
+    overlaps: Mapping[str, int], pool: Sequence[str], skip: set[str], cap: int
+) -> list[tuple[str, int]]:
+    """The pool's holders to score besides the explicit candidates (``skip``): by overlap,
+    deepest first, up to ``cap`` (ties in a group in pool order). The rule of the in-memory index;
+    the Lua route's is the same, its order within a group the slots'."""
+    if cap <= 0:
+        return []
+    order = {w: i for i, w in enumerate(pool)}
+    held = [(w, ov) for w, ov in overlaps.items() if ov > 0 and w in order and w not in skip]
+    held.sort(key=lambda x: (-x[1], order[x[0]]))
+    return held[:cap]

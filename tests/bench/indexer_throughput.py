@@ -1,17 +1,12 @@
 """Indexer throughput: block events applied per second by one indexer process, from a backlog.
 
     python -m tests.bench.indexer_throughput [--events 1000000] [--workers 16] [--blocks 64]
-        [--engine-hashes opaque|fleet]
 
-Publishes a backlog of ``KvEventBatch``es on FLEET_KV (16 workers, 64-block stored runs with
-their token ids, and every fourth batch removing an earlier run), then starts one
-``jetfleet indexer`` process on an empty Redis and times how long it takes until the position it
-stores in Redis reaches the last stream sequence. Prints block events/s, the catch-up time, and
-CPU seconds of the indexer and of redis-server.
-
-``--engine-hashes opaque`` (default): the engine's block hashes are random, as vLLM's are to us,
-so the indexer recomputes the fleet hashes from every token id. ``fleet``: the engine hashes with
-``schemas.hashing`` (as the mocker does), so the indexer only spot-checks each run.
+Publishes a backlog of ``KvEventBatch``es on FLEET_KV as workers send them (version 3: the
+fleet's hashes, no token ids; 16 workers, 64-block stored runs, and every fourth batch removing
+an earlier run), then starts one ``jetfleet indexer`` process on an empty Redis and times how
+long it takes until the position it stores in Redis reaches the last stream sequence. Prints
+block events/s, the catch-up time, and CPU seconds of the indexer and of redis-server.
 """
 
 from __future__ import annotations
@@ -31,16 +26,15 @@ from base.process import ProcessGroup
 from base.topology import ensure_topology
 from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis
-from router.kv.keys import KvKeys
+from router.kv.keys import namespace
+from router.kv.redis_index import RedisPrefixIndex
 from schemas import KvEventBatch, Subjects, encode
 from schemas.hashing import block_hashes
 from schemas.kv_events import BlockRemoved, BlockStored
 from tests.bench.procstat import cpu_seconds
 
 
-def backlog(
-    events: int, workers: int, blocks: int, block_size: int, fleet: bool = False, seed: int = 0
-):
+def backlog(events: int, workers: int, blocks: int, block_size: int, seed: int = 0):
     """Yield (worker, batch) until ``events`` block events were produced."""
     rng = random.Random(seed)
     runs: dict[str, list[tuple[int, ...]]] = {f"w{i:02d}": [] for i in range(workers)}
@@ -56,11 +50,9 @@ def backlog(
             ev = BlockRemoved(gone)
             produced += len(gone)
         else:
-            hashes = tuple(rng.getrandbits(63) for _ in range(blocks))
             toks = tuple(rng.randrange(50000) for _ in range(blocks * block_size))
-            if fleet:
-                hashes = tuple(block_hashes(toks, block_size))
-            ev = BlockStored(hashes, None, toks, block_size)
+            hashes = tuple(block_hashes(toks, block_size))
+            ev = BlockStored(hashes, None)
             runs[w].append(hashes)
             produced += blocks
         yield w, KvEventBatch(w, "m", event_ids[w], time.time(), (ev,))
@@ -73,8 +65,7 @@ async def publish_backlog(
     js = nc.jetstream()
     await ensure_topology(js, subjects)
     total = 0
-    fleet = args.engine_hashes == "fleet"
-    batches = backlog(args.events, args.workers, args.blocks, args.block_size, fleet)
+    batches = backlog(args.events, args.workers, args.blocks, args.block_size)
     count = 0
     for count, (w, batch) in enumerate(batches, 1):
         await nc.publish(subjects.kv("m", w), encode(batch))
@@ -91,13 +82,13 @@ async def publish_backlog(
     return total, info.state.last_seq
 
 
-async def wait_applied(redis_url: str, keys: KvKeys, last: int, timeout_s: float) -> float:
+async def wait_applied(redis_url: str, ns: str, last: int, timeout_s: float) -> float:
     redis = await connect_redis(redis_url)
+    index = RedisPrefixIndex(redis, ns)
     t0 = time.monotonic()
     try:
         while time.monotonic() - t0 < timeout_s:
-            v = await redis.hget(keys.pos, "seq")
-            if v and int(v) >= last:
+            if await index.applied_seq() >= last:
                 return time.monotonic() - t0
             await asyncio.sleep(0.05)
         raise TimeoutError(f"indexer did not reach seq {last} in {timeout_s}s")
@@ -113,7 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--engine-hashes", choices=["opaque", "fleet"], default="opaque")
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args(argv)
     configure_logging("warning")
@@ -145,15 +135,12 @@ def main(argv: list[str] | None = None) -> int:
                     "indexer", "--nats", nats.url, "--redis", redis.url, "--log-level", "warning"
                 ),
             )
-            catch_up = asyncio.run(
-                wait_applied(redis.url, KvKeys.for_prefix("fleet"), last, args.timeout)
-            )
+            catch_up = asyncio.run(wait_applied(redis.url, namespace("fleet"), last, args.timeout))
             out = {
                 "benchmark": "indexer_throughput",
                 "block_events": events,
                 "messages": last,
                 "blocks_per_stored_event": args.blocks,
-                "engine_hashes": args.engine_hashes,
                 "catch_up_s": round(catch_up, 2),
                 "block_events_per_s": round(events / catch_up),
                 "indexer_cpu_s": round(cpu_seconds(child.proc.pid), 2),

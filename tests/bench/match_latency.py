@@ -4,11 +4,12 @@
 
 A private redis-server; ``--workers`` workers; a pool of 32 prompts sharing a 2048-token system
 prompt. Each worker caches the blocks of a few pool prompts (so several workers hold long
-prefixes of any query, as in a busy fleet), fed as ``BlockStored`` events through the indexer's
-``EventTranslator`` (engine hashes = fleet hashes, as the mocker's). Then ``route`` is timed for
-pool prompts with a fresh suffix: match + score + pick + reserve in one EVALSHA, p50/p99 in ms,
-measured from Python under uvloop as the frontend runs (so the figures include the client round
-trip), each reservation released after its call. Scenarios:
+prefixes of any query, as in a busy fleet), fed as ``BlockStored`` events through a worker's
+``KvRelay`` (fleet hashes, as the mocker's). Then ``route`` is timed for pool prompts with a fresh
+suffix, as the kv router calls it (the whole fleet as its pool, 16 workers sampled, the holders of
+the deepest blocks found by the index): match + score + pick + reserve in one EVALSHA, p50/p99 in
+ms, measured from Python under uvloop as the frontend runs (so the figures include the client
+round trip), each reservation released after its call. Scenarios:
 - ``typical``: as above;
 - ``all_hold_all``: every worker holds every block of the query;
 - ``holes``: as ``typical``, but every worker then evicted one block in the middle of one of its
@@ -30,13 +31,13 @@ import uvloop
 from base.connect import connect_redis
 from base.logs import configure_logging
 from infra.embedded import EmbeddedRedis
-from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
-from router.kv.routing import CandidateLoad, RouteCall
-from router.kv.translate import EventTranslator, fleet_hashes_for_prompt
+from router.kv.routing import RouteCall, WorkerPool
+from router.kv.translate import fleet_hashes_for_prompt, ops_of
 from schemas.hashing import block_hashes
 from schemas.kv_events import BlockRemoved, BlockStored, KvEventBatch
 from tests.bench.loadgen import percentile
+from workers.kv_relay import KvRelay
 
 
 async def populate(
@@ -51,13 +52,14 @@ async def populate(
     for w in workers:
         chosen = prompts if everyone else rng.sample(prompts, per_worker)
         stored = [BlockStored(tuple(block_hashes(p, 16)), None, tuple(p), 16) for p in chosen]
-        translator = EventTranslator()
-        batches = [KvEventBatch(w, "m", 1, 0.0, tuple(stored))]
+        relay = KvRelay(True, 4)
+        batches = [KvEventBatch(w, "m", 1, 0.0, tuple(relay.relay(stored)))]
         if holes:  # a middle block of the first prompt goes, its successors stay
             middle = stored[0].block_hashes[len(stored[0].block_hashes) // 2]
-            batches.append(KvEventBatch(w, "m", 2, 0.0, (BlockRemoved((middle,)),)))
+            gone = relay.relay([BlockRemoved((middle,))])
+            batches.append(KvEventBatch(w, "m", 2, 0.0, tuple(gone)))
         for b in batches:
-            await index.apply("m", w, b.event_id, 0, translator.translate(b).ops)
+            await index.apply("m", w, b.event_id, 0, ops_of(b))
 
 
 async def time_routes(
@@ -67,7 +69,8 @@ async def time_routes(
     calls: int,
     rng: random.Random,
 ) -> dict[str, float]:
-    cands = tuple(CandidateLoad(w) for w in workers)
+    pool = WorkerPool(tuple(workers))
+    await index.load_table("m")
     lat = []
     overlaps = []
     for i in range(calls):
@@ -78,14 +81,15 @@ async def time_routes(
             f"r{i}",
             h,
             -(-len(p) // 16),
-            cands,
+            pool,
+            tuple(rng.sample(workers, min(16, len(workers)))),
             rand=rng.random(),
             now_ms=int(time.time() * 1000),
         )
         t0 = time.perf_counter()
         out = await index.route(call)
         lat.append((time.perf_counter() - t0) * 1000)
-        overlaps.append(max(out.overlaps))
+        overlaps.append(max(s.overlap_blocks for s in out.scored))
         await index.release(f"r{i}")
     return {
         "p50_ms": round(percentile(lat, 50), 3),
@@ -115,7 +119,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             redis = await connect_redis(server.url)
             scenarios = (("typical", False, False), ("all_hold_all", True, False))
             for scenario, everyone, holes in (*scenarios, ("holes", False, True)):
-                index = RedisPrefixIndex(redis, KvKeys(f"jf:bench{scenario}"))
+                index = RedisPrefixIndex(redis, f"jf:bench{scenario}", writer=True)
                 await populate(index, workers, prompts, 4, rng, everyone, holes)
                 await time_routes(index, workers, prompts, 50, rng)  # warm up
                 out[scenario] = await time_routes(index, workers, prompts, args.calls, rng)

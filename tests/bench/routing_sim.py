@@ -7,8 +7,9 @@
                                                  # fresh 16k-token prompts (long_prompts' shape)
 
 Each worker is the mocker's own scheduler core (``workers.engines.mocker.scheduler``); its KV
-events are translated (``EventTranslator``) and applied to the in-memory prefix index at the end
-of each step, as the live indexer would a few milliseconds later; ``kv`` routes with that index's
+events are relayed as a worker does (``KvRelay``) and applied to the in-memory prefix index at
+the end of each step, as the live indexer would a few milliseconds later; ``kv`` routes with
+that index's
 ``route`` (the same cost, pick and reservations as the Lua script, checked by the contract
 suite) plus the router's recent-route hints (``RecentRoutes``). Prefill reservations are
 released at the first token and the rest at the end, as the frontend does. A closed loop of
@@ -35,13 +36,14 @@ from dataclasses import dataclass, field, replace
 
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.router import RecentRoutes
-from router.kv.routing import CandidateLoad, RouteCall
-from router.kv.translate import EventTranslator, fleet_hashes_for_prompt
+from router.kv.routing import RouteCall, WorkerPool
+from router.kv.translate import fleet_hashes_for_prompt, ops_of
 from schemas.kv_events import KvEventBatch
 from tests.bench.loadgen import percentile
 from tests.bench.routing_quality import workload
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.mocker.scheduler import Scheduler, SeqRequest, StepResult
+from workers.kv_relay import KvRelay
 
 MODEL = "sim"
 
@@ -90,7 +92,8 @@ class Simulation:
         cfg = MockerConfig(num_gpu_blocks=s.num_gpu_blocks, block_size=s.block_size)
         self.workers = [_Worker(f"w{i}", Scheduler(cfg)) for i in range(s.workers)]
         self.index = InMemoryPrefixIndex()
-        self.translator = EventTranslator()
+        self.relays = {w.wid: KvRelay(True, cfg.kv_branch_blocks) for w in self.workers}
+        self.pool = WorkerPool(tuple(w.wid for w in self.workers))
         self.hints = RecentRoutes(s.hint_ttl_s)
         self.queue: list[_Event] = []
         self.order = itertools.count()
@@ -112,15 +115,14 @@ class Simulation:
         toks = self.tokens[i]
         hashes = tuple(fleet_hashes_for_prompt(toks, s.block_size))
         hints = await self.hints.match(MODEL, hashes, now_ms / 1000)
-        cands = tuple(
-            CandidateLoad(w.wid, hint_overlap_blocks=hints.get(w.wid, 0)) for w in self.workers
-        )
         call = RouteCall(
             MODEL,
             str(i),
             hashes,
             -(-len(toks) // s.block_size),
-            cands,
+            self.pool,
+            self.pool.workers,
+            hints,
             s.prefill_weight,
             s.prefill_overhead_blocks,
             s.temperature,
@@ -145,8 +147,9 @@ class Simulation:
         if events:  # indexed when the step's results exist (the live indexer: a few ms later)
             worker.event_id += 1
             self.stream_seq += 1
-            batch = KvEventBatch(worker.wid, MODEL, worker.event_id, 0.0, tuple(events))
-            ops = self.translator.translate(batch).ops
+            relayed = tuple(self.relays[worker.wid].relay(events))
+            batch = KvEventBatch(worker.wid, MODEL, worker.event_id, 0.0, relayed)
+            ops = ops_of(batch)
             await self.index.apply(MODEL, worker.wid, worker.event_id, self.stream_seq, ops)
         back = now_ms + self.s.latency_ms
         for out in result.outputs:

@@ -10,7 +10,7 @@ import pytest
 
 from base.connect import connect_nats, connect_redis
 from infra.tools import fleet_status
-from router.kv.keys import KvKeys
+from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt, tier_holder
 from schemas import Subjects
@@ -32,7 +32,7 @@ async def test_a_prefix_in_host_memory_is_routed_to_and_loaded_back(
     tiered = ("--num-gpu-blocks", "64", "--num-cpu-blocks", "512")
     fleet = Fleet(nats_server.url, tmp_path, redis_url=redis_server.url)
     redis = await connect_redis(redis_server.url)
-    index = RedisPrefixIndex(redis, KvKeys.for_prefix(fleet.prefix))
+    index = RedisPrefixIndex(redis, namespace(fleet.prefix))
     hashes = fleet_hashes_for_prompt(list(HEAD.encode()), 16)
     try:
         first = fleet.add_worker(*tiered)

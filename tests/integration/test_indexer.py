@@ -13,10 +13,10 @@ from base.connect import connect_redis
 from base.topology import ensure_topology
 from router.indexer import Indexer, IndexerConfig, IndexerMetrics
 from router.kv.index import InMemoryPrefixIndex
-from router.kv.translate import EventTranslator
+from router.kv.translate import ops_of
 from schemas import ControlRequest, KvEventBatch, decode, encode
 from schemas.kv_events import BlockStored
-from tests.support.kv_events import kv_batch, mocker_event_batches, stored
+from tests.support.kv_events import kv_batch, mocker_event_batches
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -24,9 +24,8 @@ pytestmark = pytest.mark.integration
 
 async def reference(batches: list[KvEventBatch]) -> dict:
     idx = InMemoryPrefixIndex()
-    tr = EventTranslator()
     for seq, b in enumerate(batches, 1):
-        await idx.apply(b.model, b.worker_id, b.event_id, seq, tr.translate(b).ops)
+        await idx.apply(b.model, b.worker_id, b.event_id, seq, ops_of(b))
     return idx.dump()
 
 
@@ -90,22 +89,23 @@ async def test_a_swallowed_hard_cancel_still_stops_the_indexer(nc, subjects, rig
     run = Running(rig())
     ix = run.indexer
     inside = asyncio.Event()
-    real = ix.index.worker_blocks
+    real = ix.index.start_apply
 
-    async def swallowing(model: str, worker_id: str):
+    async def swallowing(items):
         if not inside.is_set():  # the first call swallows the kill, as wait_for does in that race
             inside.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.sleep(30)
-        return await real(model, worker_id)
+        return await real(items)
 
-    monkeypatch.setattr(ix.index, "worker_blocks", swallowing)
+    monkeypatch.setattr(ix.index, "start_apply", swallowing)
     await publish_all(nc, subjects, mocker_event_batches(requests=5))
     await asyncio.wait_for(inside.wait(), 10)
     run.task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.wait_for(run.task, 10)
-    assert await ix.redis.get(ix.keys.leader) is None  # and it let go of the leadership
+    shards = await ix.index.ready()
+    assert await shards[0].redis.get(shards[0].keys.leader(0)) is None  # and it let go of it
 
 
 async def test_flushed_redis_is_rebuilt_from_the_stream(nc, subjects, rig):
@@ -145,8 +145,8 @@ async def test_event_id_gap_drops_the_worker_and_asks_it_to_resync(nc, subjects,
     from schemas.hashing import block_hashes
 
     h = tuple(block_hashes(toks, 4))
-    ok = kv_batch("w9", 1, BlockStored(h, None, toks, 4))
-    gap = kv_batch("w9", 5, stored((77,), h[-1], 4, first_token=8))
+    ok = kv_batch("w9", 1, BlockStored(h, None))
+    gap = kv_batch("w9", 5, BlockStored((77,), h[-1]))
     await publish_all(nc, subjects, [ok])
     await wait_for(lambda: run.indexer.applied >= 1, timeout=10)
     assert await run.indexer.index.match("m", h) == {"w9": 2}
@@ -255,9 +255,78 @@ async def test_a_flush_under_a_running_indexer_is_rebuilt_not_kept_partial(nc, s
     last = await publish_all(nc, subjects, later)  # applied into the emptied Redis at once
     expected = await reference([*first, *later])
     await wait_for(lambda: _dump_is(run.indexer, expected), timeout=30)
-    assert await redis.exists(run.indexer.keys.epoch)
+    shards = await run.indexer.index.ready()
+    assert all([await s.redis.exists(s.keys.epoch) for s in shards.shards])
     await run.halt()
 
 
 async def _dump_is(indexer: Indexer, expected: dict) -> bool:
     return await indexer.index.dump() == expected
+
+
+async def test_a_batch_of_engine_hashes_is_dead_lettered_and_the_worker_asked_again(
+    nc, subjects, rig
+):
+    """A worker of an older release sends its engine's hashes (batch version 2): no index of
+    this layout can place them, so the batch goes to the dead letters and the worker is asked to
+    publish its cache again (a worker of this release answers in version 3)."""
+    dlq = await nc.subscribe(subjects.dlq("indexer"))
+    resync = await nc.subscribe(subjects.ctl("old", "kv_resync"))
+    old = KvEventBatch("old", "m", 1, 0.0, (BlockStored((5, 6), None, tuple(range(8)), 4),), v=2)
+    run = Running(rig())
+    await publish_all(nc, subjects, [old])
+    await resync.next_msg(timeout=10)
+    await wait_for(lambda: run.indexer.metrics.dead._value.get() >= 1, timeout=10)
+    assert await run.indexer.index.workers("m") == set()
+    await run.halt()
+    del dlq
+
+
+async def test_two_groups_each_apply_their_part_of_the_workers(nc, nats_url, redis_url, subjects):
+    """``--indexer-groups 2``: each indexer leads one group and reads only its partitions of
+    FLEET_KV; together they build the index one indexer builds."""
+    await ensure_topology(nc.jetstream(), subjects)
+    redis = await connect_redis(redis_url)
+    cfg = IndexerConfig(nats_url, redis_url, subjects, batch_max=8, groups=2)
+    ixs = [Indexer(cfg, nc, redis, IndexerMetrics(CollectorRegistry())) for _ in range(2)]
+    runs = [Running(ix) for ix in ixs]
+    await wait_for(lambda: {ix.group for ix in ixs} == {0, 1}, timeout=10)
+    batches = mocker_event_batches(workers=6, requests=60, seed=21)
+    await publish_all(nc, subjects, batches)
+    expected = await reference(batches)
+    await wait_for(lambda: _dump_is(ixs[0], expected), timeout=30)
+    owners = {b.worker_id: [ix.group for ix in ixs if ix.owns(b.worker_id)] for b in batches}
+    assert all(len(g) == 1 for g in owners.values())
+    assert {g[0] for g in owners.values()} == {0, 1}  # both groups had workers
+    assert all(ix.metrics.batches._value.get() > 0 for ix in ixs)
+    for run in runs:
+        await run.halt()
+    await redis.aclose()
+
+
+async def test_a_departure_retires_the_slot_and_the_sweeper_frees_it(nc, subjects, rig):
+    """A worker leaves: its slot is retired in one small call (its bits are read by nobody),
+    and the sweeper clears them in bounded steps and frees the slot for the next worker."""
+    from router.kv import slot_book
+
+    batches = mocker_event_batches(workers=2, requests=30, seed=13)
+    last = await publish_all(nc, subjects, batches)
+    ix = rig(lambda: None)
+    object.__setattr__(ix.cfg, "sweep_every_s", 0.1)
+    run = Running(ix)
+    await wait_for(lambda: ix.applied >= last, timeout=20)
+    shards = await ix.index.ready()
+    blk = shards[0].keys.blocks("m")
+    before = await shards[0].redis.hlen(blk)
+    slot_book.SWEEP_QUIET_MS = 0
+    try:
+        await ix.worker_gone("w1")
+        assert await ix.index.workers("m") == {"w0"}
+        after = await ix.index.dump()
+        assert all(holders == {"w0"} for holders in after["m"].values())
+        await wait_for(lambda: ix.metrics.swept._value.get() >= 1, timeout=10)
+    finally:
+        slot_book.SWEEP_QUIET_MS = 2_000
+    assert await shards[0].redis.hlen(blk) < before  # w1's blocks no one else held are gone
+    assert await shards[0].redis.llen(shards[0].keys.slotfree("m")) == 1
+    await run.halt()

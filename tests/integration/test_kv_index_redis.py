@@ -6,30 +6,33 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from base.connect import connect_redis
-from router.kv.keys import KvKeys
+from router.kv import snapshot
 from router.kv.redis_index import RedisPrefixIndex
-from router.kv.routing import CandidateLoad, RouteCall
-from router.kv.shape import UNKNOWN
 from schemas.hashing import block_hashes
-from tests.support.kv_contract import BS, Feeder, IndexContract, M, tokens
+from schemas.kv_events import BlocksSnapshot
+from tests.support.kv_contract import BS, Feeder, IndexContract, M, call, pool, tokens
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
 
 class TestRedisIndex(IndexContract):
-    @pytest.fixture(params=["lean", "redis-py"])
+    """One Redis, the index in one shard or in three (every shard on that server: the same
+    scripts and keys as on a cluster, see ``test_kv_index_cluster``)."""
+
+    @pytest.fixture(params=["lean-1", "redis-py-1", "lean-3"])
     async def index(self, redis_url, request):
         r = await connect_redis(redis_url)
-        keys = KvKeys(f"jf:t{uuid.uuid4().hex[:8]}")
-        yield RedisPrefixIndex(r, keys, lean=request.param == "lean")
+        kind, shards = request.param.rsplit("-", 1)
+        ns = f"jf:t{uuid.uuid4().hex[:8]}"
+        yield RedisPrefixIndex(r, ns, int(shards), lean=kind == "lean", writer=True)
         await r.aclose()
 
 
 @pytest.fixture
 async def index(redis_url):
     r = await connect_redis(redis_url)
-    yield RedisPrefixIndex(r, KvKeys(f"jf:t{uuid.uuid4().hex[:8]}"))
+    yield RedisPrefixIndex(r, f"jf:t{uuid.uuid4().hex[:8]}", writer=True)
     await r.aclose()
 
 
@@ -37,11 +40,11 @@ async def test_scripts_are_loaded_again_after_a_flush(index):
     f = Feeder(index)
     await f.store("a", tokens(8))
     await index.redis.script_flush()
-    await f.store("b", tokens(8))  # apply_many
+    await f.store("b", tokens(8))  # apply (EVAL) and the slot scripts
     h = tuple(block_hashes(tokens(8), BS))
     await index.redis.script_flush()
-    out = await index.route(RouteCall(M, "r", h, 2, (CandidateLoad("a"), CandidateLoad("b"))))
-    assert out.overlaps == (2, 2)
+    out = await index.route(call("r", h, 2, pool("a", "b")))
+    assert (out.overlap("a"), out.overlap("b")) == (2, 2)
     await index.redis.script_flush()
     assert await index.release("r")
 
@@ -53,7 +56,7 @@ async def test_a_killed_connection_fails_the_call_and_the_next_one_reconnects(in
     await f.store("a", tokens(8))
     h = block_hashes(tokens(8), BS)
     assert await index.match(M, h) == {"a": 2}
-    pipe = index._pipe
+    pipe = index.shards[0].pipe
     assert pipe is not None
     victim = await pipe.call("CLIENT", "ID")
     blocked = asyncio.create_task(pipe.call("BLPOP", f"jf:nothing-{uuid.uuid4().hex}", 30))
@@ -74,21 +77,32 @@ async def test_a_killed_connection_fails_the_call_and_the_next_one_reconnects(in
     assert await pipe.call("CLIENT", "ID") != victim  # on a new connection
 
 
-async def test_a_restored_snapshot_has_no_known_shape(index, redis_url):
+async def test_a_snapshot_read_beside_writes_restores_the_index(index, redis_url):
+    """``snapshot.export`` reads in bounded steps while the index changes; restored into a new
+    namespace and replayed from its positions, it equals the live index."""
     f = Feeder(index)
-    await f.store("a", tokens(16))
-    snap = await index.export_snapshot()
+    for i, w in enumerate(("a", "b", "c")):
+        await f.store(w, tokens(16 + 4 * i))
+    parts: dict[str, BlocksSnapshot] = {}
+
+    async def put(name: str, part: BlocksSnapshot) -> None:
+        parts[name] = part
+        await f.store("d", tokens(8, 300))  # the index moves while it is read
+
+    snap = await snapshot.export(index, put, "t")
+    assert snap.positions[0]["0"] >= 3
     r = await connect_redis(redis_url)
-    fresh = RedisPrefixIndex(r, KvKeys(f"jf:t{uuid.uuid4().hex[:8]}"))
-    await fresh.import_snapshot(snap)
-    h = block_hashes(tokens(16), BS)
-    assert await fresh.match(M, h) == {"a": 4}
-    blocks = await fresh.worker_blocks(M, "a")
-    assert blocks.mapping == dict(zip(h, h, strict=True))
-    assert set(blocks.parents.values()) == {UNKNOWN}
-    assert await index.worker_blocks(M, "a") == type(blocks)(
-        blocks.mapping, dict(zip(h, (None, *h[:-1]), strict=True))
-    )
+    fresh = RedisPrefixIndex(r, f"jf:t{uuid.uuid4().hex[:8]}", writer=True)
+
+    async def get(name: str) -> BlocksSnapshot:
+        return parts[name]
+
+    await snapshot.restore(fresh, snap, get)
+    assert await fresh.applied_seq() == snap.positions[0]["0"]
+    live = await index.dump()
+    restored = await fresh.dump()
+    assert restored[M].keys() <= live[M].keys()
+    assert all(restored[M][h] <= live[M][h] for h in restored[M])
     await r.aclose()
 
 
@@ -98,7 +112,7 @@ async def test_a_redis_that_stops_answering_times_out_pipelined_applies(index, r
     reset would otherwise stall the indexer for good. The next call connects again."""
     f = Feeder(index)
     await f.store("a", tokens(8))
-    pipe = index._pipe
+    pipe = index.shards[0].pipe
     assert pipe is not None
     pipe.call_timeout_s = 0.3
     first = await pipe.call("CLIENT", "ID")

@@ -8,9 +8,8 @@ import pytest
 
 from base.connect import connect_redis
 from router.fleet_state import FleetState
-from router.kv.keys import KvKeys
 from router.kv.redis_index import RedisPrefixIndex
-from router.kv.router import ApproxKvRouter, KvRouter
+from router.kv.router import OBSERVED_CANDIDATES, ApproxKvRouter, KvRouter, KvRouterConfig
 from router.kv.translate import StoreOp, fleet_hashes_for_prompt
 from router.policies import RouteQuery
 from tests.support.builders import fleet_state, registration
@@ -24,9 +23,9 @@ def fleet(*workers: str) -> FleetState:
 
 @pytest.fixture
 async def two_frontends(redis_url):
-    keys = KvKeys(f"jf:t{uuid.uuid4().hex[:8]}")
+    ns = f"jf:t{uuid.uuid4().hex[:8]}"
     a, b = await connect_redis(redis_url), await connect_redis(redis_url)
-    yield KvRouter(RedisPrefixIndex(a, keys), seed=1), KvRouter(RedisPrefixIndex(b, keys), seed=2)
+    yield KvRouter(RedisPrefixIndex(a, ns), seed=1), KvRouter(RedisPrefixIndex(b, ns), seed=2)
     await a.aclose()
     await b.aclose()
 
@@ -54,7 +53,7 @@ async def test_kv_router_follows_the_cached_prefix(two_frontends):
     st = fleet("w1", "w2", "w3")
     prompt = tuple(range(320))
     hashes = tuple(fleet_hashes_for_prompt(prompt, 16))
-    await ra.index.apply("m", "w3", 1, 0, [StoreOp("w3", hashes, hashes)])
+    await ra.index.apply("m", "w3", 1, 0, [StoreOp("w3", hashes)])
     d = await ra.route(RouteQuery("m", (*prompt, 7, 8, 9), "req-x"), st.candidates("m"))
     assert d.worker_id == "w3" and d.policy == "kv"
     assert {c.worker_id: c.overlap_blocks for c in d.candidates} == {"w1": 0, "w2": 0, "w3": 20}
@@ -72,3 +71,26 @@ async def test_approx_router_keeps_prefix_affinity_without_events():
     assert again.worker_id == first.worker_id
     won = next(c for c in again.candidates if c.worker_id == again.worker_id)
     assert won.overlap_blocks == 16
+
+
+async def test_a_large_fleet_is_sampled_and_its_holder_still_found(redis_url):
+    """300 workers: a route scores the sample and the holders of the prompt (not the fleet), the
+    one holder of the whole prompt wins although it was not sampled, and the decision keeps the
+    best few candidates, whatever the fleet's size."""
+    r = await connect_redis(redis_url)
+    index = RedisPrefixIndex(r, f"jf:t{uuid.uuid4().hex[:8]}", writer=True)
+    router = KvRouter(index, KvRouterConfig(sample=8, temperature=0), seed=4)
+    workers = [f"w{i:03d}" for i in range(300)]
+    st = fleet(*workers)
+    prompt = tuple(range(320))
+    hashes = tuple(fleet_hashes_for_prompt(prompt, 16))
+    for i, w in enumerate(workers):  # everyone holds the first block; w123 holds it all
+        held = hashes if w == "w123" else hashes[:1]
+        await index.apply("m", w, 1, i + 1, [StoreOp(w, held)])
+    await index.load_table("m")
+    d = await router.route(RouteQuery("m", (*prompt, 7), "req-big"), st.candidates("m"))
+    assert d.worker_id == "w123"
+    assert len(d.candidates) == OBSERVED_CANDIDATES
+    assert d.candidates[0].worker_id == "w123" and d.candidates[0].overlap_blocks == 20
+    await router.finished("req-big")
+    await r.aclose()

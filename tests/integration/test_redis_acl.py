@@ -16,14 +16,16 @@ from base.connect import connect_redis
 from base.topology import ensure_topology
 from infra.embedded import EmbeddedRedis
 from router.indexer import Indexer, IndexerConfig, IndexerMetrics
-from router.kv.keys import KvKeys
+from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.router import KvRouter
 from router.kv.translate import StoreOp
 from router.policies import RouteQuery
 from schemas import encode
+from schemas.hashing import block_hashes
+from schemas.kv_events import BlockStored
 from tests.support.builders import fleet_state, registration
-from tests.support.kv_events import mocker_event_batches
+from tests.support.kv_events import kv_batch, mocker_event_batches
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -70,7 +72,9 @@ async def test_indexer_and_frontend_under_their_own_users(acl_redis, nc, subject
     indexer = Indexer(cfg, nc, redis_ix, IndexerMetrics(CollectorRegistry()))
     stop = asyncio.Event()
     task = asyncio.create_task(indexer.run(stop))
-    batches = mocker_event_batches(requests=20, seed=7)
+    prompt = tuple(range(40))
+    known = kv_batch("wk", 1, BlockStored(tuple(block_hashes(prompt, 4)), None))
+    batches = [*mocker_event_batches(requests=20, seed=7), known]
     js = nc.jetstream()
     last = 0
     for b in batches:
@@ -79,24 +83,22 @@ async def test_indexer_and_frontend_under_their_own_users(acl_redis, nc, subject
     assert await indexer.index.applied_seq() == last
 
     redis_fe = await connect_redis(url(acl_redis, "frontend"))
-    keys = KvKeys.for_prefix(subjects.prefix)
     for lean in (True, False):
-        router = KvRouter(RedisPrefixIndex(redis_fe, keys, lean=lean), seed=1)
+        index = RedisPrefixIndex(redis_fe, namespace(subjects.prefix), lean=lean)
+        router = KvRouter(index, seed=1)
         await router.warm()
         state = fleet_state(  # the workers of mocker_event_batches
             *(
                 registration(w, max_num_seqs=4, num_gpu_blocks=64, block_size=4)
-                for w in ("w0", "w1")
+                for w in ("w0", "w1", "wk")
             )
         )
-        stored = next(e for b in batches for e in b.events if type(e).__name__ == "BlockStored")
-        prompt = stored.token_ids[: 4 * len(stored.block_hashes)]
         rid = f"req-{lean}"
         decision = await router.route(RouteQuery("m", prompt, rid), state.candidates("m"))
         assert max(c.overlap_blocks for c in decision.candidates) > 0
         await router.first_token(rid)
         await router.finished(rid)
-        assert await router.index.match("m", stored.block_hashes)
+        assert await router.index.match("m", known.events[0].block_hashes) == {"wk": 10}
     await redis_fe.ping()  # the frontend's /ready check
 
     stop.set()
@@ -106,22 +108,22 @@ async def test_indexer_and_frontend_under_their_own_users(acl_redis, nc, subject
 
 
 async def test_each_role_is_refused_what_it_does_not_need(acl_redis, subjects) -> None:
-    keys = KvKeys.for_prefix(subjects.prefix)
     fe = await connect_redis(url(acl_redis, "frontend"))
     ix = await connect_redis(url(acl_redis, "indexer"))
     try:
         # the frontend cannot take the indexer's lock, write its maps or wipe anything
         with pytest.raises(NoPermissionError):
             await fe.set(f"jf:{subjects.prefix}:leader", "me")
+        frontend_index = RedisPrefixIndex(fe, namespace(subjects.prefix))
+        shard = (await frontend_index.ready())[0]
         with pytest.raises(NoPermissionError):
-            await fe.hset(keys.pos, "seq", 1)
+            await fe.hset(shard.keys.pos, "0", 1)
         with pytest.raises(NoPermissionError):
             await fe.flushdb()
         with pytest.raises(NoPermissionError):
             await fe.client_kill_filter(_type="normal")
-        frontend_index = RedisPrefixIndex(fe, keys)
-        with pytest.raises(NoPermissionError):  # the indexer's apply script (EVAL) is not its
-            await frontend_index.apply("m", "w", 1, 1, [StoreOp("w", (1,), (1,))])
+        with pytest.raises(NoPermissionError):  # the indexer's slot table is not its to write
+            await frontend_index.apply("m", "w", 1, 1, [StoreOp("w", (1,))])
         # the indexer owns the namespace, and nothing outside it or above it
         await ix.set(f"jf:{subjects.prefix}:probe", "1")
         with pytest.raises(NoPermissionError):

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from base.connect import connect_nats, connect_redis, parse_sentinel_url
-from router.kv.keys import KvKeys
+from router.kv.keys import namespace
+from router.kv.redis_index import RedisPrefixIndex
 from router.kv.resp import RespPipe
 from tests.support.redis_ha import SERVICE, RedisHA
 from tests.support.wait import wait_for
@@ -144,10 +145,10 @@ async def test_routing_goes_on_through_a_failover_and_the_index_is_whole_after(
         try:
             stream = up.subjects.stream_name("KV")
             tail = (await nc.jetstream().stream_info(stream)).state.last_seq
-            pos = KvKeys.for_prefix(up.subjects.prefix).pos
+            index = RedisPrefixIndex(redis, namespace(up.subjects.prefix))
 
             async def caught_up() -> bool:
-                return int(await redis.hget(pos, "seq") or 0) >= tail
+                return await index.applied_seq() >= tail
 
             await wait_for(caught_up, timeout=30)
         finally:

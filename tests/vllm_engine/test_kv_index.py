@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from base.connect import close_nats, connect_nats, connect_redis
-from router.kv.keys import KvKeys
+from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from router.kv.translate import fleet_hashes_for_prompt
 from tests.support.up import Up, running_up
@@ -60,13 +60,13 @@ class Probe:
 
         async def same() -> int | None:
             health = await control(self.nc, self.worker, "health")
-            held = len(await self.index.worker_mapping(M, self.worker))
+            held = await self.index.held_blocks(M, self.worker)
             return held + 1 if held == health.data["cached_blocks"] else None
 
         return int(await wait_for(same, timeout=15)) - 1
 
     async def indexed_blocks(self, tokens: list[int]) -> int:
-        hashes = fleet_hashes_for_prompt(tokens, BLOCK)
+        hashes = fleet_hashes_for_prompt(tokens, BLOCK)  # the worker's default branch blocks
         return (await self.index.match(M, hashes)).get(self.worker, 0)
 
 
@@ -75,7 +75,7 @@ async def probe(small_cache_fleet: Up) -> AsyncIterator[Probe]:
     nc = await connect_nats(small_cache_fleet.nats_url, name="test")
     redis = await connect_redis(small_cache_fleet.redis_url)
     async with httpx.AsyncClient(timeout=120) as http:
-        p = Probe(small_cache_fleet, nc, RedisPrefixIndex(redis, KvKeys.for_prefix("fleet")), http)
+        p = Probe(small_cache_fleet, nc, RedisPrefixIndex(redis, namespace("fleet")), http)
         assert (await control(nc, p.worker, "clear_kv")).ok
         await p.settled()
         yield p

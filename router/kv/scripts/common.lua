@@ -1,39 +1,27 @@
 -- Shared helpers. CHUNK bounds the arguments of one command built with unpack() (Lua's C stack
--- takes ~8000 values).
+-- takes ~8000 values). Every key a script touches carries its shard's hash tag (``keys``).
 local CHUNK = 1000
 local sub, byte, char = string.sub, string.byte, string.char
-
--- The slot hash again as one msgpack map (worker -> slot) under slotmap: ROUTE decodes it in C
--- instead of building a Lua table from HGETALL (a few µs instead of ~50 for 64 workers).
-local function save_slotmap(ns, model)
-  local all = redis.call('HGETALL', ns .. ':slot:' .. model)
-  local t = {}
-  for k = 1, #all, 2 do t[all[k]] = tonumber(all[k + 1]) end
-  redis.call('SET', ns .. ':slotmap:' .. model, cmsgpack.pack(t))
-end
-
-local function slot_of(ns, model, worker, create)
-  local s = redis.call('HGET', ns .. ':slot:' .. model, worker)
-  if s then return tonumber(s) end
-  if not create then return nil end
-  local free = redis.call('LPOP', ns .. ':slotfree:' .. model)
-  if free then s = tonumber(free) else
-    s = redis.call('INCR', ns .. ':slotnext:' .. model) - 1 end
-  redis.call('HSET', ns .. ':slot:' .. model, worker, s)
-  save_slotmap(ns, model)
-  return s
+local band, bor = bit.band, bit.bor
+local MASK = {128, 64, 32, 16, 8, 4, 2, 1}
+local POP = {}  -- bits set in a byte
+for i = 0, 255 do
+  local c, x = 0, i
+  while x > 0 do c = c + x % 2; x = (x - x % 2) / 2 end
+  POP[i] = c
 end
 
 -- byte index (1-based) and mask of a slot's bit in a holder bitmap (MSB first, like SETBIT)
 local function slot_bit(s)
-  return math.floor(s / 8) + 1, 2 ^ (7 - s % 8)
+  local r = s % 8
+  return (s - r) / 8 + 1, MASK[r + 1]
 end
 
 -- v with the bit (bi, m) set (on) or cleared; false if unchanged. Cleared bitmaps lose their
 -- trailing zero bytes ('' = nobody holds the block).
 local function flip(v, bi, m, on)
   local old = byte(v, bi) or 0
-  if (bit.band(old, m) ~= 0) == on then return false end
+  if (band(old, m) ~= 0) == on then return false end
   local nb = on and old + m or old - m
   local nv
   if #v < bi then nv = v .. string.rep('\0', bi - 1 - #v) .. char(nb)
@@ -52,6 +40,13 @@ local function hdel_chunks(key, fields)
   for lo = 1, #fields, CHUNK do
     redis.call('HDEL', key, unpack(fields, lo, math.min(lo + CHUNK - 1, #fields)))
   end
+end
+
+-- The 8-byte slices of a blob.
+local function slices(blob)
+  local out = {}
+  for k = 1, #blob / 8 do out[k] = sub(blob, 8 * k - 7, 8 * k) end
+  return out
 end
 
 -- Set (on) or clear one slot's bit in the holder bitmaps of `fields` (block hashes) in hash
@@ -82,61 +77,21 @@ local function update_bits(bkey, fields, slot, on)
   hdel_chunks(bkey, gone)
 end
 
--- The 8-byte slices of a blob.
-local function slices(blob)
-  local out = {}
-  for k = 1, #blob / 8 do out[k] = sub(blob, 8 * k - 7, 8 * k) end
-  return out
-end
+-- Matching. A set of slots is a flat array {byte index, mask, ...} (masks as in a holder
+-- bitmap), so testing a block against a set costs one bit.band per byte (8 slots each). Both
+-- matchers return groups {overlap, flat set}: the slots of a set whose holders hold exactly the
+-- first `overlap` blocks of the request's chain.
 
--- The fleet hash in a map entry (engine hash e, value v; layout in ``keys``): v is the parent
--- ('' root, '?' unknown) when the fleet hash is e, else the fleet hash and then the parent
--- (8 bytes) or 'r' (root) or '?' (unknown).
-local function fleet_of(e, v)
-  if #v >= 9 then return sub(v, 1, 8) end
-  return e
-end
-
--- Clear every block of a worker's map from the bitmaps and delete the map; returns #blocks.
-local function clear_worker(ns, model, worker, slot)
-  local map = ns .. ':map:' .. model .. ':' .. worker
-  local all = redis.call('HGETALL', map)
-  local fleet = {}
-  for k = 1, #all, 2 do fleet[(k + 1) / 2] = fleet_of(all[k], all[k + 1]) end
-  update_bits(ns .. ':blk:' .. model, fleet, slot, false)
-  redis.call('DEL', map)
-  return #fleet
-end
-
--- Matching. A set of candidates is a table bitmap byte index -> mask of their slots' bits (as
--- in a holder bitmap), so testing a block against a set costs one bit.band per byte (8 slots
--- each), not one test per candidate; cand[slot] = the candidate's index.
-local MASK = {128, 64, 32, 16, 8, 4, 2, 1}
-
-local function assign(overlap, cand, bi, mask, value)  -- comparisons only: no C calls
-  local s = (bi - 1) * 8
-  if mask >= 128 then overlap[cand[s]] = value; mask = mask - 128 end
-  if mask >= 64 then overlap[cand[s + 1]] = value; mask = mask - 64 end
-  if mask >= 32 then overlap[cand[s + 2]] = value; mask = mask - 32 end
-  if mask >= 16 then overlap[cand[s + 3]] = value; mask = mask - 16 end
-  if mask >= 8 then overlap[cand[s + 4]] = value; mask = mask - 8 end
-  if mask >= 4 then overlap[cand[s + 5]] = value; mask = mask - 4 end
-  if mask >= 2 then overlap[cand[s + 6]] = value; mask = mask - 2 end
-  if mask >= 1 then overlap[cand[s + 7]] = value end
-end
-
--- walk(bkey, blob, n_hash, set, cand) -> overlap[c] = leading blocks held, block by block: a
--- block whose holders are those of the block before costs nothing; a candidate's overlap is
--- written once, when it stops matching. Blocks are read in growing chunks (HMGET of raw hash
--- fields), so a prompt nobody holds costs one small read.
-local function walk(bkey, blob, n_hash, set, cand)
-  local overlap, idxs, masks, n_active = {}, {}, {}, 0
-  for bi, m in pairs(set) do
+-- walk(bkey, blob, n_hash, set): block by block, in growing chunks (HMGET of raw hash fields),
+-- a block whose holders are those of the block before costs nothing; a set's slots leave it
+-- when they stop matching. A prompt nobody holds costs one small read.
+local function walk(bkey, blob, n_hash, set)
+  local groups, bis, masks, n_active = {}, {}, {}, 0
+  for k = 1, #set, 2 do
     n_active = n_active + 1
-    idxs[n_active] = bi
-    masks[bi] = m
+    bis[n_active] = set[k]
+    masks[n_active] = set[k + 1]
   end
-  local band = bit.band
   local i, chunk, prev = 0, 32, nil
   while i < n_hash and n_active > 0 do
     local hi = math.min(i + chunk, n_hash)
@@ -149,17 +104,17 @@ local function walk(bkey, blob, n_hash, set, cand)
         prev = v
         local k = 1
         while k <= n_active do
-          local bi = idxs[k]
-          local m = masks[bi]
+          local bi, m = bis[k], masks[k]
           local nm = v and band(byte(v, bi) or 0, m) or 0
           if nm ~= m then
-            assign(overlap, cand, bi, m - nm, i + j - 1)
-            masks[bi] = nm
+            groups[#groups + 1] = {i + j - 1, {bi, m - nm}}
             if nm == 0 then
-              idxs[k] = idxs[n_active]
-              idxs[n_active] = nil
+              bis[k], masks[k] = bis[n_active], masks[n_active]
+              bis[n_active], masks[n_active] = nil, nil
               n_active = n_active - 1
               k = k - 1
+            else
+              masks[k] = nm
             end
           end
           k = k + 1
@@ -170,30 +125,38 @@ local function walk(bkey, blob, n_hash, set, cand)
     i = hi
     chunk = math.min(chunk * 4, CHUNK * 4)
   end
-  for k = 1, n_active do assign(overlap, cand, idxs[k], masks[idxs[k]], n_hash) end
-  return overlap
+  if n_active > 0 then
+    local rest = {}
+    for k = 1, n_active do rest[#rest + 1] = bis[k]; rest[#rest + 1] = masks[k] end
+    groups[#groups + 1] = {n_hash, rest}
+  end
+  return groups
 end
 
--- bisect(bkey, blob, n_hash, set, cand) -> overlap[c], for candidates whose held blocks are
--- prefix-closed (holding block i of a chain means holding blocks 0..i-1, see ``shape``): a read
--- of block `mid` splits the candidates whose overlap lies in [lo, hi] into those holding it
--- (overlap in [mid+1, hi]) and the others ([lo, mid]), so a request costs about log2(n) reads
--- per distinct overlap among the candidates instead of n. Sets are flat {byte, mask, ...} arrays
--- here; a read that does not split a set reuses it.
-local function bisect(bkey, blob, n_hash, set, cand)
-  local overlap, ys = {}, {}
-  local band, floor = bit.band, math.floor
-  local flat = {}
-  for bi, mask in pairs(set) do flat[#flat + 1] = bi; flat[#flat + 1] = mask end
-  local stack, top = {0, n_hash, flat}, 3
+-- bisect(bkey, blob, n_hash, set[, limit]), for slots whose held blocks are prefix-closed
+-- (holding block i of a chain means holding blocks 0..i-1, see ``keys``): a read of block `mid`
+-- splits the slots whose overlap lies in [lo, hi] into those holding it (overlap in [mid+1, hi])
+-- and the others ([lo, mid]), so a request costs about log2(n) reads per distinct overlap
+-- instead of n. The first read is block 0: slots that do not hold it are done at once. The
+-- deeper half is always taken first, so groups come deepest first: with `limit`, the search
+-- stops once groups of at least that many slots with an overlap were found.
+local function bisect(bkey, blob, n_hash, set, limit)
+  local groups, ys = {}, {}
+  local floor = math.floor
+  local stack, top = {0, n_hash, set}, 3
+  local found = 0
   while top > 0 do
     local lo, hi, cs = stack[top - 2], stack[top - 1], stack[top]
     top = top - 3
     local nb = #cs
     if lo == hi then
-      for k = 1, nb, 2 do assign(overlap, cand, cs[k], cs[k + 1], lo) end
+      groups[#groups + 1] = {lo, cs}
+      if limit and lo > 0 then
+        for k = 2, nb, 2 do found = found + POP[cs[k]] end
+        if found >= limit then break end
+      end
     else
-      local mid = floor((lo + hi) / 2)
+      local mid = lo == 0 and 0 or floor((lo + hi) / 2)
       local v = redis.call('HGET', bkey, sub(blob, 8 * mid + 1, 8 * mid + 8))
       local all_yes, all_no = v and true or false, true
       if v then
@@ -223,44 +186,63 @@ local function bisect(bkey, blob, n_hash, set, cand)
       end
     end
   end
-  return overlap
+  return groups
 end
 
--- Leading blocks of the request's chain (blob) each candidate holds: overlap[c] (nil: none);
--- slots[c] = candidate c's slot or false (worker ids are unique). Bisection for workers whose
--- 'nohole' bit says their blocks are prefix-closed, the block-by-block walk for the others.
-local function overlaps(ns, model, blob, slots)
-  local nohole = redis.call('GET', ns .. ':nohole:' .. model) or ''
-  local band, bor = bit.band, bit.bor
-  local cand, closed, open, any_closed, any_open = {}, {}, {}, false, false
-  for c = 1, #slots do
-    local s = slots[c]
-    if s then
-      local r = s % 8
-      local bi, m = (s - r) / 8 + 1, MASK[r + 1]
-      cand[s] = c
-      if band(byte(nohole, bi) or 0, m) ~= 0 then
-        closed[bi] = bor(closed[bi] or 0, m)
-        any_closed = true
-      else
-        open[bi] = bor(open[bi] or 0, m)
-        any_open = true
+-- The groups of a set of slots (a flat {byte, mask} array): bisection for slots whose 'nohole'
+-- bit says their blocks are prefix-closed, the block-by-block walk for the others. With `limit`,
+-- the bisection may stop once it found that many slots in its deepest groups (see bisect).
+local function match_groups(bkey, nhkey, blob, set, limit)
+  local nohole = redis.call('GET', nhkey) or ''
+  local closed, open = {}, {}
+  for k = 1, #set, 2 do
+    local bi, m = set[k], set[k + 1]
+    local c = band(byte(nohole, bi) or 0, m)
+    if c ~= 0 then closed[#closed + 1] = bi; closed[#closed + 1] = c end
+    if c ~= m then open[#open + 1] = bi; open[#open + 1] = m - c end
+  end
+  local n_hash = #blob / 8
+  local groups = #open > 0 and walk(bkey, blob, n_hash, open) or {}
+  if #closed > 0 then
+    for _, g in ipairs(bisect(bkey, blob, n_hash, closed, limit)) do groups[#groups + 1] = g end
+  end
+  return groups
+end
+
+-- A flat set of the slots in a list.
+local function set_of(slots)
+  local by = {}
+  for _, s in ipairs(slots) do
+    local bi, m = slot_bit(s)
+    by[bi] = bor(by[bi] or 0, m)
+  end
+  local set = {}
+  for bi, m in pairs(by) do set[#set + 1] = bi; set[#set + 1] = m end
+  return set
+end
+
+-- A flat set of the slots whose bits are set in a bitmap string, less those in `skip` (a table
+-- byte index -> mask).
+local function set_of_bitmap(bm, skip)
+  local set, n = {}, 0
+  for lo = 1, #bm, 4000 do  -- string.byte returns its bytes on Lua's C stack
+    local bytes = {byte(bm, lo, math.min(lo + 3999, #bm))}
+    for j = 1, #bytes do
+      local m, bi = bytes[j], lo + j - 1
+      if m ~= 0 then
+        local s = skip[bi]
+        if s then m = band(m, 255 - s) end
+        if m ~= 0 then set[n + 1] = bi; set[n + 2] = m; n = n + 2 end
       end
     end
   end
-  local bkey, n_hash = ns .. ':blk:' .. model, #blob / 8
-  local overlap = any_open and walk(bkey, blob, n_hash, open, cand) or {}
-  if any_closed then
-    for c, v in pairs(bisect(bkey, blob, n_hash, closed, cand)) do overlap[c] = v end
-  end
-  return overlap
+  return set
 end
 
 -- extend(bkey, blob, n_hash, start, bits) -> the end of the run of blocks from `start` (0-based)
 -- each held by one of the holders whose (byte index, mask) pairs are in `bits` (a worker and its
 -- lower tiers): a worker's GPU prefix continued through blocks in its host tier.
 local function extend(bkey, blob, n_hash, start, bits)
-  local band = bit.band
   local i, chunk = start, 16
   while i < n_hash do
     local hi = math.min(i + chunk, n_hash)
@@ -283,11 +265,12 @@ local function extend(bkey, blob, n_hash, start, bits)
 end
 
 -- Take `n` blocks off a worker's reserved load; a field that reaches 0 is deleted, so the load
--- hashes hold only workers with reservations (ROUTE reads them whole).
+-- hashes hold only workers with reservations.
 local function unreserve(key, worker, n)
   if n ~= 0 and redis.call('HINCRBY', key, worker, -n) == 0 then redis.call('HDEL', key, worker) end
 end
 
+-- ns: the shard's key prefix; reservations of requests routed on this shard
 local function release(ns, rid)
   local r = redis.call('HMGET', ns .. ':r:' .. rid, 'w', 'm', 'p', 'd')
   if r[1] then

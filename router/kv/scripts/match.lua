@@ -1,18 +1,28 @@
 -- needs common.lua (prepended by router.kv.lua)
--- ARGV: ns, model, hash_blob -> flat {worker, blocks, worker, blocks, ...}
-local ns, model, blob = ARGV[1], ARGV[2], ARGV[3]
-local all = redis.call('HGETALL', ns .. ':slot:' .. model)
-local slots, names = {}, {}
+-- Every holder's overlap with a chain (diagnostics and replay: reads the whole slot table).
+-- KEYS: blk, nohole, slotw (of one model). ARGV: hash_blob
+-- Returns flat {holder, blocks, holder, blocks, ...} for holders with blocks > 0.
+local all = redis.call('HGETALL', KEYS[3])
+local slots, name = {}, {}
 for k = 1, #all, 2 do
-  names[#names + 1] = all[k]
-  slots[#slots + 1] = tonumber(all[k + 1])
+  local s = tonumber(all[k])
+  slots[#slots + 1] = s
+  name[s] = all[k + 1]
 end
-local overlap = overlaps(ns, model, blob, slots)
 local out = {}
-for idx, blocks in pairs(overlap) do
-  if blocks > 0 then
-    out[#out + 1] = names[idx]
-    out[#out + 1] = blocks
+if #slots == 0 or #ARGV[1] == 0 then return out end
+for _, g in ipairs(match_groups(KEYS[1], KEYS[2], ARGV[1], set_of(slots))) do
+  if g[1] > 0 then
+    local cs = g[2]
+    for k = 1, #cs, 2 do
+      local base = (cs[k] - 1) * 8
+      for b = 1, 8 do
+        if band(cs[k + 1], MASK[b]) ~= 0 then
+          out[#out + 1] = name[base + b - 1]
+          out[#out + 1] = g[1]
+        end
+      end
+    end
   end
 end
 return out
