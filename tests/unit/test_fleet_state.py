@@ -55,3 +55,29 @@ def test_progress_is_when_the_engine_step_count_last_moved() -> None:
     assert state.progress_at("a") == 2.0
     report(9, 4.0)
     assert state.progress_at("a") == 4.0 and state.progress_at("gone") == 0.0
+
+
+def test_candidate_lists_are_built_once_per_change_of_who_may_serve() -> None:
+    """A request asks for its candidates several times: with 1,024 workers a list per ask would
+    cost more than the route. Heartbeats and load reports keep the list; a join, a departure or
+    a status change rebuilds it."""
+    import msgspec
+
+    from schemas import WorkerLoad
+
+    state = FleetState()
+    for w in ("a", "b", "c"):
+        state.upsert(reg(w))
+    first = state.candidates("m")
+    state.upsert(msgspec.structs.replace(reg("a"), heartbeat_at_s=9.0))  # a heartbeat
+    state.apply_load(WorkerLoad("b", "m", "agg", 1.0, 1, 0, 8, 0.1, 100), now=1.0)
+    assert state.candidates("m") is first
+    assert [v.worker_id for v in state.candidates("m", exclude=["b"])] == ["a", "c"]
+    assert state.candidates("m") is first  # an exclusion does not touch the kept list
+    state.upsert(reg("d"))
+    joined = state.candidates("m")
+    assert joined is not first and len(joined) == 4
+    state.upsert(reg("a", status="draining"))
+    assert [v.worker_id for v in state.candidates("m")] == ["b", "c", "d"]
+    state.remove("c")
+    assert [v.worker_id for v in state.candidates("m")] == ["b", "d"]
