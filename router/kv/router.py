@@ -90,9 +90,10 @@ class KvRouterConfig:
     many, else half the least loaded (as last reported) and half at random."""
     max_holders: int = MAX_HOLDERS
     """kv: holders of a request's deepest blocks scored besides the sample, at most."""
-    pool_refresh_s: float = 0.05
-    """kv: the load figures routes use are rebuilt at most this often (each rebuild reads every
-    candidate: its cost grows with the fleet, this bounds how often it is paid)."""
+    pool_refresh_s: float = 0.25
+    """kv: the reported loads routes use are read again at most this often (each read visits
+    every candidate: its cost grows with the fleet, this bounds how often it is paid; workers
+    report every 250 ms, and the reservations in Redis are current on every route)."""
 
 
 def _blocks(n_tokens: int, block_size: int) -> int:
@@ -177,7 +178,7 @@ class KvRouter:
         """The pool of a candidate list, rebuilt when the list changes or its load figures are
         older than ``pool_refresh_s`` (a list the fleet state keeps while nobody joins or
         leaves)."""
-        key = (model, len(candidates))
+        key = (model, id(candidates))  # the cached pool holds the list: its id is not reused
         found = self._pools.get(key)
         if (
             found is not None
