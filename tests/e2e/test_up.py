@@ -509,19 +509,35 @@ def test_up_on_a_redis_that_does_not_answer_says_so_and_exits(tmp_path: Path) ->
 
 
 def test_up_with_redis_shards_runs_on_an_embedded_redis_cluster(tmp_path: Path) -> None:
-    """``--redis-shards 3``: the Redis up starts is a 3-master Redis Cluster and the fleet is
-    given its seed URL (a router without Redis here: the index's sharding is wired apart)."""
-    with running_up(tmp_path, 1, "--redis-shards", "3", "--router", "round-robin") as fleet:
+    """``--redis-shards 3``: the Redis up starts is a 3-master Redis Cluster, the fleet is given
+    its seed URL, and the kv router's index lives in 3 shards, one per master: a repeated prompt
+    is served from cache, and prompts of different branches are indexed on every node."""
+    with running_up(tmp_path, 2, "--redis-shards", "3") as fleet:
         assert "(seed of the embedded cluster of 3 masters)" in fleet.log.read_text()
         with redis.Redis.from_url(fleet.redis_url) as r:
             info = r.execute_command("CLUSTER", "INFO").decode()
             nodes = r.execute_command("CLUSTER", "NODES").decode().splitlines()
         assert "cluster_state:ok" in info and "cluster_size:3" in info
         ports = [int(line.split()[1].split("@")[0].rsplit(":", 1)[1]) for line in nodes]
-        reply = openai_client(fleet.base_url).completions.create(
-            model="jetfleet-tiny", prompt="hello", max_tokens=4
-        )
-        assert reply.choices[0].text
+        client = openai_client(fleet.base_url)
+        prompts = [f"branch {i}: " + "the same long context, " * 12 for i in range(12)]
+        for p in prompts:
+            assert client.completions.create(model="jetfleet-tiny", prompt=p, max_tokens=2)
+
+        def cached() -> bool:
+            again = client.completions.create(
+                model="jetfleet-tiny", prompt=prompts[0], max_tokens=2
+            )
+            details = again.usage.prompt_tokens_details if again.usage else None
+            return bool(details and details.cached_tokens)
+
+        wait_until(cached, timeout=20)
+
+        def blocks_on(port: int) -> int:
+            with redis.Redis(port=port) as node:
+                return sum(node.hlen(k) for k in node.scan_iter(match="jf:*:blk:*"))
+
+        wait_until(lambda: all(blocks_on(p) > 0 for p in ports), timeout=20)
     assert not any(port_is_open("127.0.0.1", port) for port in ports)  # Ctrl-C stopped them
 
 
