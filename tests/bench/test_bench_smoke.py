@@ -149,6 +149,37 @@ def test_indexer_throughput_bench():
     assert d["block_events"] >= 5000 and d["block_events_per_s"] > 0
 
 
+def test_index_scale_bench():
+    d = run_bench(
+        "index_scale", "--configs", "single,cluster", "--workers", "8",
+        "--holder-blocks", "3000,10000", "--rate", "3000", "--route-rate", "100",
+        "--cell-seconds", "2", "--failover-seconds", "3", "--backlog-events", "5000",
+        "--idle-routes", "30", "--sweep-pools", "4,16", "--sweep-prompts", "16,64",
+        "--leader-ttl-ms", "1000",
+    )  # fmt: skip
+    single, cluster = d["configs"]
+    assert (single["shards"], cluster["shards"]) == (1, 3)
+    keys = {
+        "workers", "shards", "indexer_groups", "route_p50_ms", "route_p99_ms", "route_max_ms",
+        "max_redis_call_ms", "ingest_block_events_per_s", "lag_p50_ms", "lag_p99_ms",
+        "bytes_per_holder_block", "cpu_s", "cpu_us_per_block_event", "cpu_us_per_route",
+        "per_core_projection",
+    }  # fmt: skip
+    for c in (single, cluster):
+        assert keys <= set(c), keys - set(c)
+        assert c["holder_blocks"] >= 10_000 and c["bytes_per_holder_block"] > 0
+        assert c["load"]["routes"] == 200 and c["load"]["route_errors"] == 0
+        assert c["load"]["block_events"] >= 6000 and c["ingest_block_events_per_s"] > 0
+        assert {"redis", "indexer"} == set(c["cpu_us_per_block_event"])
+        assert c["backlog"]["block_events"] >= 5000 and c["backlog"]["block_events_per_s"] > 0
+    assert {(r["pool"], r["prompt_blocks"]) for r in single["candidates"]} == {
+        (4, 16), (4, 64), (16, 16), (16, 64),
+    }  # fmt: skip
+    departure, snapshot, failover = (p["probe"] for p in single["probes"])
+    assert departure["swept_after_s"] is not None and snapshot["snapshots"]
+    assert failover["standby_leads_after_s"] is not None
+
+
 def test_planner_ramp_bench():
     d = run_bench(
         "planner_ramp",
