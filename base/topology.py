@@ -74,6 +74,7 @@ def stream_config(spec: StreamSpec) -> api.StreamConfig:
         duplicate_window=spec.duplicate_window.total_seconds(),
         num_replicas=spec.replicas,
         allow_direct=True,
+        max_consumers=spec.max_consumers,
     )
 
 
@@ -115,6 +116,7 @@ _STREAM_MUTABLE = (
     "retention",
     "discard",
     "allow_direct",
+    "max_consumers",
 )
 
 
