@@ -488,7 +488,23 @@ class WorkerRuntime:
     async def _load_loop(self) -> None:
         while True:
             await asyncio.sleep(self.cfg.load_interval_s)
-            await self._load_now()
+            if not self._quiet():
+                await self._load_now()
+
+    def _quiet(self) -> bool:
+        """Nothing in flight, the last report showed an empty engine and its keepalive is not
+        due: the report cannot have changed (only an admission changes an empty engine's load),
+        so the tick is skipped without asking the engine (an idle process of 1,024 workers spent
+        a fifth of its CPU on these ticks)."""
+        last = self._last_load
+        return (
+            not self.active
+            and last is not None
+            and last.num_running == last.num_waiting == 0
+            and last.kv_usage == 0.0
+            and last.status == self.registry.status
+            and time.monotonic() - self._last_load_at < self.cfg.load_keepalive_s
+        )
 
     async def _load_now(self) -> None:
         try:
