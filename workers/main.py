@@ -21,7 +21,7 @@ from workers.engine import Engine
 from workers.engines.mocker.config import MockerConfig
 from workers.engines.mocker.engine import MockerEngine
 from workers.engines.vllm.config import VllmEngineConfig
-from workers.metrics import WorkerMetrics
+from workers.metrics import WorkerMetricFamilies, WorkerMetrics
 from workers.registry import Registry
 from workers.runtime import WorkerRuntime
 
@@ -99,7 +99,7 @@ async def run_worker(
         nc,
         registry,
         tokenizer,
-        WorkerMetrics(prom, cfg.model_name, cfg.worker_id),
+        WorkerMetrics(WorkerMetricFamilies(prom), cfg.model_name, cfg.worker_id),
         tracing,
     )
     await runtime.start()  # starts the engine
