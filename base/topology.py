@@ -79,6 +79,7 @@ def stream_config(spec: StreamSpec) -> api.StreamConfig:
             if spec.transform
             else None
         ),
+        max_consumers=spec.max_consumers,
     )
 
 
@@ -121,6 +122,7 @@ _STREAM_MUTABLE = (
     "discard",
     "allow_direct",
     "subject_transform",
+    "max_consumers",
 )
 
 

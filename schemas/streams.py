@@ -27,6 +27,9 @@ class StreamSpec:
     replicas: int = 1  # 3 in a clustered deployment
     # what the stream stores a message under (source, destination): a subject transform
     transform: tuple[str, str] | None = None
+    max_consumers: int = -1
+    """Consumers the stream allows at most; -1: the server's default (nats-server 2.15 and
+    later: 1,000, its ``default_max_consumers``; unlimited before)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class FleetTopology:
     by_name: dict[str, StreamSpec] = field(default_factory=dict)
 
 
+MAX_REQUEST_CONSUMERS = 16384  # workers' own consumers (and those of workers gone < 60 s ago)
 WORKERS_BUCKET = "workers"
 MODELS_BUCKET = "models"
 MODEL_FILES_STORE = "model_files"
@@ -90,6 +94,9 @@ def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
             description="Requests: routed to a worker, to a pool, or submitted unrouted",
             max_age=timedelta(hours=24),
             replicas=replicas,
+            # one durable consumer per worker (its own subject): the server's default of 1,000
+            # would refuse the thousandth worker of a fleet
+            max_consumers=MAX_REQUEST_CONSUMERS,
         ),
         StreamSpec(
             name=s.stream_name("TOKENS"),

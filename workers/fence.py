@@ -24,6 +24,10 @@ a stale attempt's chunks anyway, and a fleet-wide NATS outage (nobody migrated) 
 aborted requests. The window left: a request migrated within the last moments before the heal
 whose new attempt has not yet published its first chunk passes the check. A cancel with reason
 ``migrated`` (the frontend's, delivered late) fences its request too.
+
+Rules 1 and 2 are about the connection, rule 3 about each worker's requests: the PING is a
+``ConnectionProbe``, one per connection, which the ``Fence`` of every worker on that connection
+reads (``jetfleet worker --replicas N`` runs N workers on one connection).
 """
 
 from __future__ import annotations
@@ -42,43 +46,56 @@ from schemas import Subjects, TokenChunk, decode
 log = structlog.get_logger("jetfleet.worker")
 
 
-class Fence:
-    def __init__(
-        self,
-        nc: NATS,
-        subjects: Subjects,
-        ttl_s: float,
-        on_resume: Callable[[], None],
-        probe_s: float = 0.25,
-        hold_s: float = 1.0,
-    ) -> None:
+class ConnectionProbe:
+    """Rule 1's PING, once per NATS connection: the fences of every worker sharing the
+    connection (``jetfleet worker --replicas N``) read the one probe, instead of each PINGing
+    the server four times a second. The probing runs while at least one fence watches it."""
+
+    def __init__(self, nc: NATS, ttl_s: float, probe_s: float = 0.25, hold_s: float = 1.0) -> None:
         self.nc = nc
-        self.subjects = subjects
         self.probe_s = probe_s
         self.hold_s = hold_s
         self.sever_s = max(hold_s, min(2.0, ttl_s / 2))
-        self.on_resume = on_resume  # called when held output may go out again
-        self._ok_at = time.monotonic()
-        self._checked_reconnects = self.reconnects()  # reconnects checked so far
+        self.ok_at = time.monotonic()  # the last PONG (or the last reconnect checked)
         self.severed = 0
+        self._fences: list[Fence] = []
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def silent(self) -> bool:
+        """No PONG for ``hold_s``, or disconnected."""
+        return time.monotonic() - self.ok_at > self.hold_s or not self.nc.is_connected
 
     def reconnects(self) -> int:
         return int(self.nc.stats["reconnects"])
 
-    @property
-    def holding(self) -> bool:
-        """Token chunks must not be written now."""
-        silent = time.monotonic() - self._ok_at > self.hold_s
-        unchecked = self.reconnects() != self._checked_reconnects
-        return unchecked or silent or not self.nc.is_connected
+    def answered(self) -> None:
+        self.ok_at = time.monotonic()
 
-    async def probe_loop(self) -> None:
-        while True:
+    async def watch(self, fence: Fence) -> None:
+        """Probe for ``fence`` until cancelled (the fence's task: the worker cancels it when it
+        drains); the last fence to leave stops the probing."""
+        self._fences.append(fence)
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="nats-probe")
+        try:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            self._fences.remove(fence)
+            if not self._fences and self._task is not None:
+                task, self._task = self._task, None
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _run(self) -> None:
+        while self._fences:  # (a cancel swallowed by the flush's wait_for: ends here)
             await asyncio.sleep(self.probe_s)
-            await self.probe()
+            if self._fences:
+                await self.probe()
 
     async def probe(self) -> None:
-        was_holding = self.holding
+        held = [fence for fence in self._fences if fence.holding]
         if not self.nc.is_connected:
             return
         reconnects = self.reconnects()
@@ -87,13 +104,45 @@ class Fence:
         except Exception:
             if self.reconnects() != reconnects:  # that PING went to the connection before
                 return
-            if time.monotonic() - self._ok_at >= self.sever_s and sever_nats(self.nc):
+            if time.monotonic() - self.ok_at >= self.sever_s and sever_nats(self.nc):
                 self.severed += 1
-                log.warning("nats_severed", silent_s=round(time.monotonic() - self._ok_at, 2))
+                log.warning("nats_severed", silent_s=round(time.monotonic() - self.ok_at, 2))
             return
-        self._ok_at = time.monotonic()
-        if was_holding and not self.holding:
-            self.on_resume()
+        self.answered()
+        for fence in held:
+            if not fence.holding:
+                fence.on_resume()
+
+
+class Fence:
+    """One worker's fence: its own reconnect checks (rule 3), the connection's probe (rules 1
+    and 2: its own, or one shared by the workers of a process)."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        subjects: Subjects,
+        ttl_s: float,
+        on_resume: Callable[[], None],
+        probe: ConnectionProbe | None = None,
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.probe = probe or ConnectionProbe(nc, ttl_s)
+        self.on_resume = on_resume  # called when held output may go out again
+        self._checked_reconnects = self.reconnects()  # reconnects checked so far
+
+    def reconnects(self) -> int:
+        return self.probe.reconnects()
+
+    @property
+    def holding(self) -> bool:
+        """Token chunks must not be written now."""
+        return self.reconnects() != self._checked_reconnects or self.probe.silent
+
+    async def probe_loop(self) -> None:
+        """The worker's fence task: the connection is probed while it runs."""
+        await self.probe.watch(self)
 
     async def moved_on(self, requests: Iterable[tuple[str, int]]) -> set[str]:
         """The request ids whose token stream shows an attempt newer than the one given."""
@@ -116,5 +165,5 @@ class Fence:
         """The check begun after reconnect number ``reconnects`` is done: held output may go
         out again."""
         self._checked_reconnects = reconnects
-        self._ok_at = time.monotonic()
+        self.probe.answered()
         self.on_resume()

@@ -1,4 +1,9 @@
-"""Prometheus metrics of a worker (registry passed in, never global)."""
+"""Prometheus metrics of a worker (registry passed in, never global).
+
+The families (``WorkerMetricFamilies``) are declared once per registry, labelled by model and
+worker id; each worker observes through its own ``WorkerMetrics``, so a process running several
+workers (``jetfleet worker --replicas N``) serves all of them on its one ``/metrics``.
+"""
 
 from __future__ import annotations
 
@@ -7,50 +12,66 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from workers.engine import EngineLoad
 from workers.request_state import ActiveRequest
 
+_NS = "jetfleet_worker"
+_LABELS = ("model", "worker_id")
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 3600)
 
-class WorkerMetrics:
-    def __init__(self, registry: CollectorRegistry, model: str, worker_id: str) -> None:
-        labels = {"model": model, "worker_id": worker_id}
-        ns = "jetfleet_worker"
+
+class WorkerMetricFamilies:
+    """Every worker metric of one registry, unlabelled."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.requests_started = Counter(
-            f"{ns}_requests_started", "Requests admitted", list(labels), registry=registry
-        ).labels(**labels)
-        self._finished = Counter(
-            f"{ns}_requests_finished",
-            "Requests ended, by finish reason",
-            [*labels, "finish_reason"],
-            registry=registry,
-        )
-        self._tokens = Counter(
-            f"{ns}_tokens", "Tokens processed", [*labels, "kind"], registry=registry
-        )
-        self._duration = Histogram(
-            f"{ns}_request_duration_seconds",
-            "Admission to last token",
-            list(labels),
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 3600),
-            registry=registry,
-        ).labels(**labels)
+        labels = list(_LABELS)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"{_NS}_{name}", doc, [*labels, *extra], registry=registry)
 
         def gauge(name: str, doc: str) -> Gauge:
-            g = Gauge(f"{ns}_{name}", doc, list(labels), registry=registry)
-            return g.labels(**labels)
+            return Gauge(f"{_NS}_{name}", doc, labels, registry=registry)
 
-        self._running = gauge("num_running", "Sequences in the running batch")
-        self._waiting = gauge("num_waiting", "Sequences waiting (incl. preempted)")
-        self._kv_usage = gauge("kv_usage", "Fraction of KV blocks in use")
-        self._host_kv_usage = gauge(
+        self.requests_started = counter("requests_started", "Requests admitted")
+        self.finished = counter(
+            "requests_finished", "Requests ended, by finish reason", ("finish_reason",)
+        )
+        self.tokens = counter("tokens", "Tokens processed", ("kind",))
+        self.duration = Histogram(
+            f"{_NS}_request_duration_seconds",
+            "Admission to last token",
+            labels,
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.running = gauge("num_running", "Sequences in the running batch")
+        self.waiting = gauge("num_waiting", "Sequences waiting (incl. preempted)")
+        self.kv_usage = gauge("kv_usage", "Fraction of KV blocks in use")
+        self.host_kv_usage = gauge(
             "host_kv_usage", "Fraction of the host-memory KV tier's blocks holding cached KV"
         )
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(f"{ns}_{name}", doc, list(labels), registry=registry).labels(**labels)
-
         # counters, as vLLM's: they sum over workers and rate() over time (a ratio gauge does not)
-        self._preemptions = counter("num_preemptions", "Sequences preempted (KV cache full)")
-        self._cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up")
-        self._cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.preemptions = counter("num_preemptions", "Sequences preempted (KV cache full)")
+        self.cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up")
+        self.cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+
+
+class WorkerMetrics:
+    """One worker's view of the families (its labels bound)."""
+
+    def __init__(self, families: WorkerMetricFamilies, model: str, worker_id: str) -> None:
+        fam = families
+        labels = {"model": model, "worker_id": worker_id}
+        self.registry = fam.registry
+        self.requests_started = fam.requests_started.labels(**labels)
+        self._finished = fam.finished
+        self._tokens = fam.tokens
+        self._duration = fam.duration.labels(**labels)
+        self._running = fam.running.labels(**labels)
+        self._waiting = fam.waiting.labels(**labels)
+        self._kv_usage = fam.kv_usage.labels(**labels)
+        self._host_kv_usage = fam.host_kv_usage.labels(**labels)
+        self._preemptions = fam.preemptions.labels(**labels)
+        self._cache_queries = fam.cache_queries.labels(**labels)
+        self._cache_hits = fam.cache_hits.labels(**labels)
         self._seen = (0, 0, 0)  # the engine's totals at the last load report
         self._labels = labels
 

@@ -33,6 +33,7 @@ class Registry:
         self.stop_requested = asyncio.Event()
         self._kv: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._beating = True
         self._started_at = time.time()
 
     async def publish_model(self, local: LocalModel) -> ModelCard:
@@ -82,8 +83,13 @@ class Registry:
         self._task = asyncio.create_task(self._heartbeat(), name="heartbeat")
 
     async def _heartbeat(self) -> None:
-        while True:
+        # Also ends on ``_beating``: on Python 3.11 a cancel that lands as a put's reply arrives
+        # is swallowed by ``asyncio.wait_for`` inside nats-py, and the loop would beat on (and
+        # ``deregister`` wait for it) forever: seen on 31 of 1,024 workers draining at once.
+        while self._beating:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
+            if not self._beating:
+                return
             try:
                 await self._kv.put(self.cfg.worker_id, encode(self.registration()))
             except Exception as exc:  # NATS reconnecting: next beat retries
@@ -100,6 +106,7 @@ class Registry:
                 await self._kv.put(self.cfg.worker_id, encode(self.registration()))
 
     async def deregister(self) -> None:
+        self._beating = False
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -61,6 +61,14 @@ def add_commands(sub: Any) -> None:
     add_common(wk)
     add_engine(wk)
     WORKER.add_to(wk)
+    wk.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="mocker workers in this process, for scale runs: each a whole worker on the wire "
+        "(ids WORKER_ID-0..N-1), sharing the connection, tokenizer, metrics port and cancel "
+        "subscription; started 32 at a time, all drained on SIGTERM (default: 1)",
+    )
 
     ix = sub.add_parser("indexer", help="KV indexer: FLEET_KV -> Redis prefix index")
     add_common(ix)
@@ -205,8 +213,11 @@ def _worker(args: argparse.Namespace, subjects: Subjects, runner: Runner) -> int
             model=args.vllm_model or str(model_dir),
             extra_engine_args=_vllm_extra(args.vllm_arg),
         )
+    if args.replicas < 1 or (args.replicas > 1 and args.engine != "mocker"):
+        print("jetfleet worker: --replicas is 1, or more with --engine mocker", file=sys.stderr)
+        return 2
     try:
-        runner(run_worker(cfg, EngineChoice(args.engine, mocker, vllm), local))
+        runner(run_worker(cfg, EngineChoice(args.engine, mocker, vllm), local, args.replicas))
     except VllmNotInstalledError as exc:
         print(f"jetfleet worker: {exc}", file=sys.stderr)
         return 2

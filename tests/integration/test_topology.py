@@ -20,7 +20,7 @@ from base.topology import (
     ensure_topology,
 )
 from schemas import Subjects
-from schemas.streams import ConsumerSpec, fleet_topology, pool_consumer
+from schemas.streams import MAX_REQUEST_CONSUMERS, ConsumerSpec, fleet_topology, pool_consumer
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +48,7 @@ async def test_topology_is_created_with_its_subjects_and_limits(
         assert cfg.duplicate_window == spec.duplicate_window.total_seconds()
         assert cfg.storage == spec.storage
         assert cfg.retention == "limits" and cfg.discard == "old" and cfg.allow_direct
+        assert cfg.max_consumers == spec.max_consumers
 
 
 async def test_buckets_and_stores_are_usable(js: JetStreamContext, subjects: Subjects) -> None:
@@ -84,6 +85,19 @@ async def test_changed_max_age_is_applied_as_update(
     assert (await js.stream_info(spec.name)).config.max_age == 7200
     back = await ensure_topology(js, subjects)  # the declared config wins again
     assert back.updated == [spec.name]
+
+
+async def test_a_requests_stream_without_a_consumer_limit_gets_one(
+    js: JetStreamContext, subjects: Subjects
+) -> None:
+    """A stream made before the limit was declared had the server's default (1,000 consumers
+    on nats-server 2.15: one worker short of a thousand-worker fleet); infra init raises it."""
+    spec = fleet_topology(subjects).by_name[subjects.stream_name("REQUESTS")]
+    assert spec.max_consumers == MAX_REQUEST_CONSUMERS > 1000
+    await ensure_stream(js, replace(spec, max_consumers=-1), TopologyReport())
+    report = await ensure_topology(js, subjects)
+    assert spec.name in report.updated
+    assert (await js.stream_info(spec.name)).config.max_consumers == MAX_REQUEST_CONSUMERS
 
 
 async def test_changed_bucket_ttl_is_applied_as_update(

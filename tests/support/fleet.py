@@ -50,6 +50,19 @@ class Fleet:
         )
         return worker_id
 
+    def add_replicas(self, replicas: int, *extra: str) -> tuple[str, list[str]]:
+        """One worker process running ``replicas`` workers (``--replicas``): its process name
+        and the worker ids it registers."""
+        name = f"worker-{self._n}"
+        self._n += 1
+        base = f"{self.prefix}-{name}"
+        argv = cli_command(
+            "worker", *self.common(), "--worker-id", base, "--replicas", str(replicas),
+            *self.worker_args, *extra,
+        )  # fmt: skip
+        self.group.start(name, argv)
+        return name, [f"{base}-{i}" for i in range(replicas)]
+
     def redis_args(self) -> list[str]:
         return ["--redis", self.redis_url] if self.redis_url else []
 
@@ -102,6 +115,11 @@ class Fleet:
     async def ready_workers(self) -> dict[str, dict[str, Any]]:
         """The workers registered as ready, by id, as ``jetfleet status`` reads them (none yet
         before the first worker made the registrations bucket)."""
+        registered = await self.registered_workers()
+        return {w: row for w, row in registered.items() if row["status"] == "ready"}
+
+    async def registered_workers(self) -> dict[str, dict[str, Any]]:
+        """Every registration (ready, draining, expired), by worker id."""
         from nats.js.errors import BucketNotFoundError
 
         from base.connect import connect_nats
@@ -115,7 +133,7 @@ class Fleet:
             return {}
         finally:
             await nc.close()
-        return {w["worker_id"]: w for w in report["workers"] if w["status"] == "ready"}
+        return {w["worker_id"]: w for w in report["workers"]}
 
     def stop(self) -> None:
         self.group.stop_all(timeout_s=20)

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.tokenize import TokenizeMetrics
-from workers.metrics import WorkerMetrics
+from workers.metrics import WorkerMetricFamilies, WorkerMetrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "infra" / "deploy"
 
@@ -20,7 +20,7 @@ def exported() -> set[str]:
     registry = CollectorRegistry()
     FrontendMetrics(registry)
     TokenizeMetrics(registry)
-    WorkerMetrics(registry, "m", "w")
+    WorkerMetrics(WorkerMetricFamilies(registry), "m", "w")
     names = set()
     for family in registry.collect():
         names |= {sample.name for sample in family.samples} | {family.name}
