@@ -135,6 +135,9 @@ KV = ConfigFlags(
     "load_report_max_age_s",
     "host_hit_weight",
     "redis_fallback",
+    "sample",
+    "max_holders",
+    "pool_refresh_s",
     prefix="kv_",
     title="kv router (--router kv / approx)",
 )

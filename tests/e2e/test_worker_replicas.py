@@ -16,7 +16,7 @@ import pytest
 from nats.js.errors import NotFoundError
 
 from base.connect import close_nats, connect_nats, connect_redis
-from router.kv.keys import KvKeys
+from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from schemas import Subjects, WorkerLoad, decode
 from tests.e2e.test_fleet_lifecycle import Observations
@@ -79,7 +79,7 @@ async def test_each_replica_registers_and_serves_what_the_kv_router_sends_it(rep
     ready = await wait_for(lambda: _ready(fleet, ids), timeout=30)
     assert {ready[w]["pid"] for w in ids} == {ready[ids[0]]["pid"]}  # one process
     redis = await connect_redis(fleet.redis_url)
-    index = RedisPrefixIndex(redis, KvKeys.for_prefix(fleet.prefix))
+    index = RedisPrefixIndex(redis, namespace(fleet.prefix))
     prompts = iter(range(1000))
     try:
         async with (
