@@ -144,6 +144,28 @@ def _start_planner(
     )
 
 
+def _start_workers(
+    args: argparse.Namespace, group: ProcessGroup, common: list[str], engine: list[str]
+) -> None:
+    """A fixed fleet (``--no-planner``): each pool's workers, ``--workers-per-process`` to a
+    process (``jetfleet worker --replicas``)."""
+    for role, n in _pools(args).items():
+        for i, replicas in enumerate(worker_packs(n, args.workers_per_process)):
+            packed = ["--replicas", str(replicas)] if replicas > 1 else []
+            worker = cli_command(
+                "worker", *common, *engine, "--role", role, "--metrics-port", "-1", *packed
+            )
+            group.start(f"{role}-{i}" if args.disagg else f"worker-{i}", worker)
+
+
+def worker_packs(workers: int, per_process: int) -> list[int]:
+    """How many workers each process runs: ``ceil(workers / per_process)`` processes, their
+    sizes at most one apart (10 by 4: 4, 3, 3)."""
+    processes = -(-workers // per_process)
+    base, extra = divmod(workers, processes) if processes else (0, 0)
+    return [base + (1 if i < extra else 0) for i in range(processes)]
+
+
 def _pools(args: argparse.Namespace) -> dict[str, int]:
     """The worker pools ``up`` starts with: role -> workers."""
     if args.disagg:
@@ -196,12 +218,7 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             ops["planner"], ops["connector"] = free_port(), free_port()
             _start_connector(args, group, common, engine, ops)
         else:
-            for role, n in _pools(args).items():
-                for i in range(n):
-                    worker = cli_command(
-                        "worker", *common, *engine, "--role", role, "--metrics-port", "-1"
-                    )
-                    group.start(f"{role}-{i}" if args.disagg else f"worker-{i}", worker)
+            _start_workers(args, group, common, engine)
         if args.router == "kv":
             ops["indexer"] = free_port()
             indexer = ["--redis", redis_url, "--metrics-port", str(ops["indexer"])]
@@ -238,6 +255,9 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             return 1
         scaling = ", autoscaled by the planner" if args.planner else ""
         pools = ", ".join(f"{n} {role}" for role, n in _pools(args).items())
+        if args.workers_per_process > 1:
+            packs = [worker_packs(n, args.workers_per_process) for n in _pools(args).values()]
+            pools += f" in {sum(map(len, packs))} processes"
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))
         _say(
             f"metrics: frontend http://{args.host}:{args.port}/metrics  {ops_lines}  "

@@ -31,6 +31,16 @@ def add_commands(sub: Any) -> None:
     add_common(up, nats=False)
     g = up.add_argument_group("fleet")
     g.add_argument("--workers", type=int, default=2, help="workers to start (default: 2)")
+    g.add_argument(
+        "--workers-per-process",
+        type=int,
+        default=1,
+        metavar="K",
+        help="pack the workers K to a process (jetfleet worker --replicas, mocker only): "
+        "ceil(N/K) worker processes, for fleets of hundreds of workers on a few cores; needs "
+        "--no-planner, since the planner's local connector starts and drains one worker per "
+        "process (default: 1)",
+    )
     g.add_argument("--host", default="127.0.0.1", help="frontend address (default: 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="frontend port (default: 8000)")
     g.add_argument(
@@ -131,6 +141,10 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         if args.replicas > 1 and not args.nats:
             print("jetfleet up: --replicas above 1 needs a NATS cluster (--nats)", file=sys.stderr)
             return 2
+        problem = _packing_problem(args)
+        if problem:
+            print(f"jetfleet up: {problem}", file=sys.stderr)
+            return 2
         return run_up(args, subjects)
     if args.cmd == "servers":
         from infra.up import run_servers
@@ -160,3 +174,20 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
             runner(control(args.nats, subjects, args.worker, args.op, op_args, args.timeout))
         )
     return 2
+
+
+def _packing_problem(args: argparse.Namespace) -> str:
+    """Why ``--workers-per-process`` cannot be honoured ("" when it can)."""
+    k = args.workers_per_process
+    if k < 1:
+        return "--workers-per-process is at least 1"
+    if k == 1:
+        return ""
+    if args.planner:
+        return (
+            "--workers-per-process above 1 needs --no-planner (the planner's local connector "
+            "starts and drains one worker per process)"
+        )
+    if args.engine != "mocker":
+        return "--workers-per-process above 1 packs mocker workers only (--engine mocker)"
+    return ""

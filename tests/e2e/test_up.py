@@ -22,7 +22,7 @@ from base.process import wait_http_ok
 from infra.command import cli_command
 from infra.embedded import free_port
 from tests.support.clients import openai_client
-from tests.support.up import up_argv
+from tests.support.up import running_up, up_argv
 from tests.support.wait import wait_line, wait_until
 
 pytestmark = pytest.mark.integration
@@ -485,6 +485,27 @@ def test_up_with_host_tiers_loads_an_evicted_head_back(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
     assert code == 0, out.read_text()[-3000:]
+
+
+def test_up_packs_workers_into_replica_processes(tmp_path: Path) -> None:
+    """``up --no-planner --workers 5 --workers-per-process 2``: three worker processes (2, 2,
+    1 workers), every worker registered and serving, all of them drained by the stop."""
+    with running_up(tmp_path, 5, "--workers-per-process", "2", "--speedup", "20") as up:
+        rows = up.workers()
+        assert len(rows) == 5
+        by_pid: dict[int, list[str]] = {}
+        for row in rows:
+            by_pid.setdefault(row["pid"], []).append(row["worker_id"])
+        assert sorted(map(len, by_pid.values())) == [1, 2, 2]
+        assert len({row["metrics_url"] for row in rows}) == 3  # one operations port a process
+        assert "5 agg in 3 processes" in up.log.read_text()
+        client = openai_client(up.base_url, api_key="none")
+        r = client.completions.create(model="jetfleet-tiny", prompt="hello", max_tokens=4)
+        assert r.usage is not None and r.usage.completion_tokens == 4
+        logs = up.log.parent / "state" / "logs"
+    assert up.proc.returncode == 0, up.log.read_text()[-3000:]
+    drained = "".join(p.read_text() for p in logs.glob("worker-*.log")).count('"worker_drained"')
+    assert drained == 5
 
 
 def test_up_on_a_nats_that_does_not_answer_says_so_and_exits(tmp_path: Path) -> None:
