@@ -175,6 +175,46 @@ async def test_sigterm_drains_every_replica_and_deregisters_them(replicas_fleet)
     await _no_own_consumers(fleet, ids)
 
 
+async def test_replicas_pull_the_pool_only_while_they_have_free_slots(nats_server, tmp_path):
+    """One pull loop for the process: each request it fetches goes to a replica with room."""
+    f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "5", "--max-num-seqs", "2"))
+    try:
+        name, ids = f.add_replicas(3)
+        url = f.start_frontend("--router", "pool")
+        await wait_for(lambda: _ready(f, ids), timeout=30)
+        async with Observations(f) as obs, httpx.AsyncClient(timeout=60) as client:
+
+            async def complete(i: int) -> None:
+                body = {"model": M, "prompt": f"burst {i}", "max_tokens": 200, "ignore_eos": True}
+                r = await client.post(f"{url}/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+
+            await asyncio.gather(*(complete(i) for i in range(15)))
+            await wait_for(lambda: len(obs.items) >= 15, timeout=10)
+        assert all(o.status == "ok" and o.attempts == 1 for o in obs.items)
+        assert {o.worker_id for o in obs.items} == set(ids)  # every replica pulled
+        peaks = _max_concurrent(f.log(name))
+        assert max(peaks.values()) == 2, peaks  # busy, and never more than its slots
+    finally:
+        f.stop()
+
+
+def _max_concurrent(log: str) -> dict[str, int]:
+    """Each replica's most requests in flight at once, from its start/finish log lines."""
+    running: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for line in log.splitlines():
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        step = {"request_started": 1, "request_finished": -1}.get(entry.get("event", ""), 0)
+        if step:
+            w = entry["worker_id"]
+            running[w] = running.get(w, 0) + step
+            peak[w] = max(peak.get(w, 0), running[w])
+    return peak
+
+
 async def _ready(fleet: Fleet, ids: list[str]) -> dict[str, dict[str, Any]]:
     ready = await fleet.ready_workers()
     return ready if set(ids) <= set(ready) else {}
