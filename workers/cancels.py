@@ -14,6 +14,7 @@ process of one worker subscribes and unsubscribes exactly when that worker start
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,23 +46,26 @@ class CancelFeed:
         self.letters = DeadLetters(nc, subjects, "worker")
         self._members: list[_Member] = []
         self._sub: Any = None
+        self._lock = asyncio.Lock()  # workers start and drain concurrently
 
     async def subscribe(self, active: Mapping[str, object], on_cancel: OnCancel) -> Membership:
         """Hand ``on_cancel`` every cancel of a request in ``active`` until the membership is
         unsubscribed."""
         member = _Member(active, on_cancel)
-        self._members.append(member)
-        if self._sub is None:
-            self._sub = await self.nc.subscribe(self.subjects.cancel_all(), cb=self._on_msg)
+        async with self._lock:
+            if self._sub is None:
+                self._sub = await self.nc.subscribe(self.subjects.cancel_all(), cb=self._on_msg)
+            self._members.append(member)
         return Membership(self, member)
 
     async def leave(self, member: _Member) -> None:
         """``member`` gets no more cancels; the last to leave drops the subscription."""
-        if member in self._members:
-            self._members.remove(member)
-        if not self._members and self._sub is not None:
-            sub, self._sub = self._sub, None
-            await sub.unsubscribe()
+        async with self._lock:
+            if member in self._members:
+                self._members.remove(member)
+            if not self._members and self._sub is not None:
+                sub, self._sub = self._sub, None
+                await sub.unsubscribe()
 
     def holders(self, request_id: str) -> list[OnCancel]:
         """The members holding ``request_id`` (more than one only while a newer attempt of it

@@ -276,3 +276,13 @@ def test_the_slow_marker_keeps_slow_runs_out_of_the_default_run():
 
     assert "at_full_size" not in collected()  # pyproject's addopts: -m 'not slow'
     assert "at_full_size" in collected("-m", "slow")
+
+
+def test_replicas_scale_bench():
+    d = run_bench(
+        "replicas_scale", "--workers", "4", "--processes", "1,2", "--settle-s", "0", "--idle-s", "1"
+    )
+    for run in d["runs"]:
+        assert run["registered"] == {"ready": 4} and run["registrations_left"] == 0
+        assert run["exit_codes"] == [0] * run["processes"] and run["start_s"] > 0
+        assert set(run["idle_cpu_pct"]) >= {"worker-0", "nats-server", "redis-server"}

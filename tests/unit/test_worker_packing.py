@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from infra.cli import main
+from infra.cli import fleet, parse_args
 from infra.up import worker_packs
+from schemas import Subjects
 
 
 @pytest.mark.parametrize(
@@ -37,5 +38,7 @@ def test_worker_packs(workers: int, per_process: int, packs: list[int]) -> None:
 def test_packing_refused_before_anything_starts(
     argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["up", *argv]) == 2
+    # (not ``main``: it configures logging for the whole test process)
+    args = parse_args(["up", *argv])
+    assert fleet.run(args, Subjects(), lambda coro: pytest.fail("nothing may run")) == 2
     assert says in capsys.readouterr().err
