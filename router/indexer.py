@@ -371,12 +371,12 @@ class Indexer:
         self.log.info("indexer_snapshot_written", seq=seq, parts=len(snap.parts))
         return seq
 
-    async def _snapshot_loop(self) -> None:
+    async def _snapshot_loop(self, on: Callable[[], bool]) -> None:
         """Group 0's leader: a snapshot every ``snapshot_every_s`` while the index changes."""
         every = self.cfg.snapshot_every_s
         if every <= 0:
             return
-        while True:
+        while on():
             await asyncio.sleep(min(every, 1.0))
             if self.applied <= self._snapshot_seq or time.monotonic() - self._snapshot_at < every:
                 continue
@@ -387,9 +387,9 @@ class Indexer:
                 self.log.warning("indexer_snapshot_failed", error=str(exc))
             self._snapshot_at = time.monotonic()
 
-    async def _sweep_loop(self) -> None:
+    async def _sweep_loop(self, on: Callable[[], bool]) -> None:
         """Group 0's leader: clear retired slots' bits and free them."""
-        while True:
+        while on():
             await asyncio.sleep(self.cfg.sweep_every_s)
             try:
                 for model in sorted(await self.index.models()):
@@ -460,14 +460,20 @@ class Indexer:
             config=config,
         )
         self.log.info("indexer_consuming", from_seq=start, group=self.group)
+        # the side loops also stop on the flag: a cancel can be swallowed (see ``run``)
+        ended = False
+
+        def on() -> bool:
+            return not ended
+
         tasks = [
-            asyncio.create_task(self._lag_loop()),
-            asyncio.create_task(self._reconcile_loop(await self._tail_seq())),
+            asyncio.create_task(self._lag_loop(on)),
+            asyncio.create_task(self._reconcile_loop(await self._tail_seq(), on)),
         ]
         if self.group <= 0:
             tasks += [
-                asyncio.create_task(self._sweep_loop()),
-                asyncio.create_task(self._snapshot_loop()),
+                asyncio.create_task(self._sweep_loop(on)),
+                asyncio.create_task(self._snapshot_loop(on)),
             ]
         stopper = asyncio.create_task(_first(*stops))
         flight: tuple[_Prepared, AppliedLater] | None = None
@@ -495,11 +501,11 @@ class Indexer:
             if getter is not None:
                 getter.cancel()
             stopper.cancel()
+            ended = True
             for t in tasks:
                 t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            # a side loop in a long step (a sweep, a snapshot) is left to end on its own
+            await asyncio.wait(tasks, timeout=5.0)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -617,13 +623,13 @@ class Indexer:
             return int(info.state.last_seq)
         return 0
 
-    async def _reconcile_loop(self, tail: int) -> None:
+    async def _reconcile_loop(self, tail: int, on: Callable[[], bool]) -> None:
         """Once caught up with the stream (``tail``: its end when consuming began) and discovery
         has been read in full, reconcile; then every ``reconcile_every_s``."""
         every = self.cfg.reconcile_every_s
         if every <= 0:
             return
-        while True:
+        while on():
             live = self.live_workers()
             if live is not None and self.applied >= tail:
                 try:
@@ -634,9 +640,9 @@ class Indexer:
             else:
                 await asyncio.sleep(min(every, 0.2))
 
-    async def _lag_loop(self) -> None:
+    async def _lag_loop(self, on: Callable[[], bool]) -> None:
         stream = self.cfg.subjects.stream_name("KV")
-        while True:
+        while on():
             with contextlib.suppress(Exception):
                 info = await self.js.stream_info(stream)
                 self.metrics.lag.set(max(info.state.last_seq - self.applied, 0))
