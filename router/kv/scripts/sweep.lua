@@ -4,25 +4,27 @@
 -- ARGV: cursor, count, retired slot...
 -- Returns the next cursor ('0': the shard is clean of these slots).
 redis.replicate_commands()
-local clear = {}
+local by = {}
 for k = 3, #ARGV do
   local bi, m = slot_bit(tonumber(ARGV[k]))
-  clear[bi] = bor(clear[bi] or 0, m)
+  by[bi] = bor(by[bi] or 0, m)
 end
+local clear = {}  -- flat {byte index, mask}: usually one or two bytes
+for bi, m in pairs(by) do clear[#clear + 1] = bi; clear[#clear + 1] = m end
 local res = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
 local items, kv, gone = res[2], {}, {}
 for k = 1, #items, 2 do
   local v = items[k + 1]
-  local changed = false
-  local parts = {}
-  for bi = 1, #v do
-    local b = byte(v, bi)
-    local m = clear[bi]
-    if m and band(b, m) ~= 0 then b = b - band(b, m); changed = true end
-    parts[bi] = char(b)
+  local nv = v
+  for j = 1, #clear, 2 do
+    local bi = clear[j]
+    local b = byte(nv, bi)
+    if b and band(b, clear[j + 1]) ~= 0 then
+      nv = sub(nv, 1, bi - 1) .. char(b - band(b, clear[j + 1])) .. sub(nv, bi + 1)
+    end
   end
-  if changed then
-    local nv = string.match(table.concat(parts), '^(.-)%z*$')
+  if nv ~= v then
+    nv = string.match(nv, '^(.-)%z*$')
     if nv == '' then gone[#gone + 1] = items[k]
     else kv[#kv + 1] = items[k]; kv[#kv + 1] = nv end
   end
