@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -76,7 +77,9 @@ class AppliedLater:
         return self._results
 
 
+@functools.cache
 def _sha(src: str) -> str:
+    """A script's SHA1 (EVALSHA's name for it); the sources are the module's constants."""
     return hashlib.sha1(src.encode()).hexdigest()
 
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
-MAX_HOLDERS = 16  # holders of a request's deepest blocks scored besides the sample
+MAX_HOLDERS = 8  # holders of a request's deepest blocks scored besides the sample
 _pool_ids = count(1)
 
 

@@ -4,12 +4,6 @@ local CHUNK = 1000
 local sub, byte, char = string.sub, string.byte, string.char
 local band, bor = bit.band, bit.bor
 local MASK = {128, 64, 32, 16, 8, 4, 2, 1}
-local POP = {}  -- bits set in a byte
-for i = 0, 255 do
-  local c, x = 0, i
-  while x > 0 do c = c + x % 2; x = (x - x % 2) / 2 end
-  POP[i] = c
-end
 
 -- byte index (1-based) and mask of a slot's bit in a holder bitmap (MSB first, like SETBIT)
 local function slot_bit(s)
@@ -133,13 +127,24 @@ local function walk(bkey, blob, n_hash, set)
   return groups
 end
 
+-- bits set in a byte (the leaves a limited bisection counts: a handful a call)
+local function pop(m)
+  local c = 0
+  while m > 0 do
+    local r = m % 2
+    c, m = c + r, (m - r) / 2
+  end
+  return c
+end
+
 -- bisect(bkey, blob, n_hash, set[, limit]), for slots whose held blocks are prefix-closed
 -- (holding block i of a chain means holding blocks 0..i-1, see ``keys``): a read of block `mid`
 -- splits the slots whose overlap lies in [lo, hi] into those holding it (overlap in [mid+1, hi])
 -- and the others ([lo, mid]), so a request costs about log2(n) reads per distinct overlap
 -- instead of n. The first read is block 0: slots that do not hold it are done at once. The
 -- deeper half is always taken first, so groups come deepest first: with `limit`, the search
--- stops once groups of at least that many slots with an overlap were found.
+-- stops once groups of at least that many slots with an overlap were found. (A read that does
+-- not split a set passes the set on as it is: the common case allocates nothing.)
 local function bisect(bkey, blob, n_hash, set, limit)
   local groups, ys = {}, {}
   local floor = math.floor
@@ -152,7 +157,7 @@ local function bisect(bkey, blob, n_hash, set, limit)
     if lo == hi then
       groups[#groups + 1] = {lo, cs}
       if limit and lo > 0 then
-        for k = 2, nb, 2 do found = found + POP[cs[k]] end
+        for k = 2, nb, 2 do found = found + pop(cs[k]) end
         if found >= limit then break end
       end
     else
@@ -189,11 +194,11 @@ local function bisect(bkey, blob, n_hash, set, limit)
   return groups
 end
 
--- The groups of a set of slots (a flat {byte, mask} array): bisection for slots whose 'nohole'
--- bit says their blocks are prefix-closed, the block-by-block walk for the others. With `limit`,
+-- The groups of a set of slots (a flat {byte, mask} array): bisection for slots whose bit in
+-- `nohole` (the value of the model's nohole key) says their blocks are prefix-closed, the
+-- block-by-block walk for the others. With `limit`,
 -- the bisection may stop once it found that many slots in its deepest groups (see bisect).
-local function match_groups(bkey, nhkey, blob, set, limit)
-  local nohole = redis.call('GET', nhkey) or ''
+local function match_groups(bkey, nohole, blob, set, limit)
   local closed, open = {}, {}
   for k = 1, #set, 2 do
     local bi, m = set[k], set[k + 1]

@@ -11,7 +11,8 @@ for k = 1, #all, 2 do
 end
 local out = {}
 if #slots == 0 or #ARGV[1] == 0 then return out end
-for _, g in ipairs(match_groups(KEYS[1], KEYS[2], ARGV[1], set_of(slots))) do
+local nohole = redis.call('GET', KEYS[2]) or ''
+for _, g in ipairs(match_groups(KEYS[1], nohole, ARGV[1], set_of(slots))) do
   if g[1] > 0 then
     local cs = g[2]
     for k = 1, #cs, 2 do

@@ -33,7 +33,7 @@ local cand = cmsgpack.unpack(ARGV[10])
 local ids, rep_p, rep_d, hint = cand[1], cand[2], cand[3], cand[4]
 local n_cand = #ids
 
--- the candidates' slots (none yet: no blocks) and their exact overlaps
+-- the candidates' slots (none yet: no blocks)
 local slot_of, known = {}, {}
 local cslots = n_cand > 0 and redis.call('HMGET', slotkey, unpack(ids)) or {}
 for c = 1, n_cand do
@@ -43,15 +43,23 @@ for c = 1, n_cand do
 end
 local n_hash = #blob / 8
 local cset = set_of(known)
+-- the eligible slots (less the candidates): their holders of the deepest blocks are scored too
+local eset = {}
+if elig ~= '' and max_holders > 0 and n_hash > 0 then
+  local skip = {}
+  for k = 1, #cset, 2 do skip[cset[k]] = cset[k + 1] end
+  eset = set_of_bitmap(elig, skip)
+end
+local nohole = (#cset > 0 or #eset > 0) and redis.call('GET', nhkey) or ''
+local cgroups = n_hash > 0 and #cset > 0 and match_groups(bkey, nohole, blob, cset) or {}
+local groups = #eset > 0 and match_groups(bkey, nohole, blob, eset, max_holders) or {}
 local ov_of_slot = {}
-if n_hash > 0 and #cset > 0 then
-  for _, g in ipairs(match_groups(bkey, nhkey, blob, cset)) do
-    local cs = g[2]
-    for k = 1, #cs, 2 do
-      local base = (cs[k] - 1) * 8
-      for b = 1, 8 do
-        if band(cs[k + 1], MASK[b]) ~= 0 then ov_of_slot[base + b - 1] = g[1] end
-      end
+for _, g in ipairs(cgroups) do
+  local cs = g[2]
+  for k = 1, #cs, 2 do
+    local base = (cs[k] - 1) * 8
+    for b = 1, 8 do
+      if band(cs[k + 1], MASK[b]) ~= 0 then ov_of_slot[base + b - 1] = g[1] end
     end
   end
 end
@@ -62,13 +70,8 @@ for c = 1, n_cand do
   rp[c], rd[c] = tonumber(rep_p[c]), tonumber(rep_d[c])
 end
 
--- the eligible holders of the deepest blocks, up to max_holders: found deepest first, so the
--- search stops once that many are found
-if elig ~= '' and max_holders > 0 and n_hash > 0 then
-  local skip = {}
-  for k = 1, #cset, 2 do skip[cset[k]] = cset[k + 1] end
-  local eset = set_of_bitmap(elig, skip)
-  local groups = #eset > 0 and match_groups(bkey, nhkey, blob, eset, max_holders) or {}
+-- the holders of the deepest blocks among the eligible slots, up to max_holders
+if #groups > 0 then
   table.sort(groups, function(a, b) return a[1] > b[1] end)
   local picked, pov = {}, {}
   for _, g in ipairs(groups) do
