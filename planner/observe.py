@@ -71,5 +71,9 @@ def summarize(
         unmanaged={r: n for r, n in (unmanaged or {}).items() if n},
         total_waiting={r: sum(w.num_waiting for w in ws) for r, ws in by_role.items()},
         total_running={r: sum(w.num_running for w in ws) for r, ws in by_role.items()},
-        mean_kv_usage={r: _mean([w.kv_usage for w in ws]) for r, ws in by_role.items()},
+        # over every worker of the role: an idle worker reports once, then nothing
+        mean_kv_usage={
+            r: sum(w.kv_usage for w in ws) / max(counts.get(r, 0), len(ws), 1)
+            for r, ws in by_role.items()
+        },
     )

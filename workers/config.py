@@ -29,8 +29,9 @@ class WorkerConfig:
     ttl_s: float = 4.0  # routers drop the worker when its heartbeat is older than this
     load_interval_s: float = 0.25  # WorkerLoad report period (and when a prefill it counted ends)
     load_keepalive_s: float = 1.0
-    """An unchanged load report is sent again only this often (routers ignore reports older
-    than their --kv-load-report-max-age, 5 s by default)."""
+    """A busy worker's unchanged load report is sent again only this often (routers ignore
+    reports older than their --kv-load-report-max-age, 5 s by default); an idle worker's is not
+    sent again (no fresh report reads as idle)."""
     flush_interval_s: float = 0.005  # longest a token waits before it is published (light load)
     max_flush_interval_s: float = 0.02  # ... under a full batch (see flush_window)
     flush_batch_unit: int = 16  # the window grows by flush_interval_s per this many requests

@@ -84,12 +84,13 @@ async def test_a_prefill_that_ends_is_reported_before_its_first_token(
         fleet.stop()
 
 
-async def test_an_unchanged_load_is_reported_only_every_keepalive(nats_server, tmp_path) -> None:
-    """Idle, a worker checks its load every 20 ms but sends the same report again only every
-    1 s (routers still see it alive); a request's load goes out at the next check, not with
-    the next keepalive. (The request is sent as a keepalive report arrives, so waiting for the
-    next one would take ~1 s; the 0.8-s bound leaves a loaded machine's NATS hops and engine
-    step room, which a 0.5-s keepalive and a 0.4-s bound did not.)"""
+async def test_an_idle_worker_says_so_once_and_a_load_goes_out_at_the_next_check(
+    nats_server, tmp_path
+) -> None:
+    """Idle, a worker checks its load every 20 ms but sends its idle report once, and then
+    nothing (routers read no fresh report as idle: a fleet of 1,024 idle workers sent every
+    frontend 1,024 reports a second); a request's load goes out at the next check, and when it
+    is done the worker says once that it is idle again."""
     args = ("--load-interval", "0.02", "--load-keepalive", "1.0")
     fleet = Fleet(nats_server.url, tmp_path, worker_args=args)
     subjects = Subjects(fleet.prefix)
@@ -104,14 +105,12 @@ async def test_an_unchanged_load_is_reported_only_every_keepalive(nats_server, t
 
         await nc.subscribe(subjects.metrics(M, "agg", worker), cb=on_load)
         await subscribed(nc)
-        await wait_for(lambda: len(loads) >= 1, timeout=10)
-        start = loads[0][0]
-        await wait_for(lambda: loads[-1][0] - start >= 3.9, timeout=10)  # ~4 s of idle reports
-        idle = [t for t, _ in loads if t - start < 3.9]
-        assert 3 <= len(idle) <= 6, [round(t - start, 3) for t in idle]  # 195 at one per check
-        seen = len(loads)
-        await wait_for(lambda: len(loads) > seen, timeout=10, interval=0.005)  # a keepalive
-        steps = loads[-1][1].steps_total
+        # a subscriber may join after the idle report went out: a drain and a new request
+        # would show one; what matters is that nothing more comes while idle
+        quiet_from = time.monotonic()
+        await wait_for(lambda: time.monotonic() - quiet_from >= 2.5, timeout=10)
+        assert len(loads) <= 1, [round(t - quiet_from, 3) for t, _ in loads]  # 125 at one a check
+        steps = loads[-1][1].steps_total if loads else 0
 
         rid = f"busy-{uuid.uuid4().hex[:8]}"
         req = Request(rid, M, tuple(range(40)), SamplingParams(max_tokens=8, ignore_eos=True))
@@ -119,8 +118,13 @@ async def test_an_unchanged_load_is_reported_only_every_keepalive(nats_server, t
         await nc.jetstream().publish(
             subjects.req_worker(M, worker), encode(req), headers={"Nats-Msg-Id": rid}
         )
-        await wait_for(lambda: loads[-1][1].steps_total > steps, timeout=10)
-        assert loads[-1][0] - sent < 0.8, "a changed load waited for the keepalive"
+        await wait_for(lambda: loads and loads[-1][1].steps_total > steps, timeout=10)
+        assert loads[-1][0] - sent < 0.8, "a changed load waited"
+        await wait_for(lambda: loads[-1][1].num_running == 0, timeout=10)  # idle again, once
+        done = len(loads)
+        settled = time.monotonic()
+        await wait_for(lambda: time.monotonic() - settled >= 2.0, timeout=10)
+        assert len(loads) == done, "an idle worker kept reporting"
     finally:
         await nc.close()
         fleet.stop()
