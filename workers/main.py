@@ -233,6 +233,10 @@ async def run_worker(
     if replicas > 1 and choice.kind != "mocker":
         raise ValueError("--replicas above 1 runs mocker workers only (--engine mocker)")
     local = local or load_model_dir(cfg.model_dir, cfg.model_name, cfg.block_size)
+    if choice.kind == "vllm":  # a machine without vLLM says so now, not after NATS answered
+        from workers.engines.vllm.backend import RealVllmBackend
+
+        RealVllmBackend()
     hooks: list[Hook] = []
     nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}", on_reconnect=hooks)
     proc = WorkerProcess(cfg, choice, local, nc)
