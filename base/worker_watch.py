@@ -1,8 +1,14 @@
-"""The workers bucket as one process sees it: the registrations, who is live, who joined and
-who is gone (deleted, restarted under its id, or no heartbeat within its TTL, measured on this
-process's clock). The planner asks it how many ready workers each (model, role) has right now;
-the indexer asks it to say when a worker joins and when it is gone; the router's discovery keeps
-its ``FleetState`` in step through it (``on_heard``: every fresh registration).
+"""The workers' heartbeats as one process sees them: who is live, who joined and who is gone
+(deleted, restarted under its id, or no heartbeat within its TTL, measured on this process's
+clock). The planner asks it how many ready workers each (model, role) has right now; the indexer
+asks it to say when a worker joins and when it is gone; ``jetfleet status`` lists them.
+
+It reads ``fleet_heartbeats``. A watch that is a **judge** (the indexers and the planners run one)
+also deletes the registration of a worker it found gone from ``fleet_workers``, and says every
+second on ``fleet.judges`` that it is there: the frontends follow the registrations
+(``worker_follow.FleetFollower``) and so hear a worker join and leave, not every heartbeat of
+every worker (1,024 workers beat 1,024 times a second). Several judges may run: a deletion names
+the revision it judged, so a worker that came back meanwhile is not deleted.
 
 A worker counts while its heartbeat is fresh and its status is ``ready``; a draining worker is
 already on its way out and does not.
@@ -21,9 +27,11 @@ from nats.js.kv import KeyValue
 
 from schemas import Subjects, WireDecodeError, WorkerRegistration, decode
 from schemas.discovery import BY_HAND
-from schemas.streams import WORKERS_BUCKET
+from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 
 log = structlog.get_logger("jetfleet.workers")
+
+ORPHAN_SWEEP_S = 15.0  # how often a judge looks for registrations no heartbeat stands behind
 
 
 class Hearing:
@@ -117,7 +125,12 @@ class WorkerWatch:
         on_gone: Callable[[str], None] | None = None,
         expire_every_s: float = 1.0,
         on_heard: Callable[[WorkerRegistration], None] | None = None,
+        judge: bool = False,
     ) -> None:
+        """``judge``: delete the registrations of workers found gone, and say so on
+        ``fleet.judges`` (an indexer's or a planner's watch)."""
+        self.nc = nc
+        self.judge = judge
         self.js = nc.jetstream()
         self.subjects = subjects
         self.regs: dict[str, WorkerRegistration] = {}
@@ -129,14 +142,20 @@ class WorkerWatch:
         self._expire_every_s = expire_every_s
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: KeyValue.KeyWatcher | None = None
+        self._registrations: KeyValue | None = None
         self.hearing = Hearing()
 
     async def start(self) -> None:
-        kv = await self.js.key_value(self.subjects.bucket_name(WORKERS_BUCKET))
+        kv = await self.js.key_value(self.subjects.bucket_name(HEARTBEATS_BUCKET))
         self._watcher = await kv.watchall()
         self._tasks.append(asyncio.create_task(self._watch(self._watcher)))
-        if self._on_gone is not None:
+        if self._on_gone is not None or self.judge:
             self._tasks.append(asyncio.create_task(self._expire_loop()))
+        if self.judge:
+            self._registrations = await self.js.key_value(
+                self.subjects.bucket_name(WORKERS_BUCKET)
+            )
+            self._tasks.append(asyncio.create_task(self._judge_loop()))
         await self.synced.wait()
 
     async def stop(self) -> None:
@@ -162,12 +181,63 @@ class WorkerWatch:
         return ready_counts(self.regs, model, roles, wall, unmanaged_only)
 
     def _gone(self, worker_id: str, why: str) -> None:
-        if self.live.pop(worker_id, None) is not None and self._on_gone is not None:
+        if self.live.pop(worker_id, None) is None:
+            return
+        if why == "expired" and self.judge:
+            reg = self.regs.get(worker_id)
+            task = asyncio.create_task(self._unregister(worker_id, reg))
+            self._tasks.append(task)
+            task.add_done_callback(self._forget_task)
+        if self._on_gone is not None:
             if why == "expired":
                 log.warning("worker_expired", worker_id=worker_id)
             else:
                 log.info("worker_gone", worker_id=worker_id, why=why)
             self._on_gone(worker_id)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._tasks.remove(task)
+
+    async def _unregister(self, worker_id: str, reg: WorkerRegistration | None) -> None:
+        """Delete the registration of a worker judged gone, unless it is a newer process's."""
+        if self._registrations is None:
+            return
+        try:
+            entry = await self._registrations.get(worker_id)
+        except Exception:  # already gone (deregistered, another judge)
+            return
+        try:
+            current = decode(entry.value or b"", WorkerRegistration)
+        except WireDecodeError:
+            current = None
+        if current is not None and reg is not None and current.started_at_s > reg.started_at_s:
+            return  # restarted meanwhile under the same id
+        with contextlib.suppress(Exception):  # another judge was first
+            await self._registrations.delete(worker_id, last=entry.revision)
+            log.info("worker_registration_deleted", worker_id=worker_id, why="no heartbeat")
+
+    async def _judge_loop(self) -> None:
+        """Say every second that a judge is there; and delete registrations no heartbeat
+        stands behind (a worker that died while no judge ran) once a TTL has passed."""
+        started = swept = time.monotonic()
+        subject = self.subjects.judges()
+        while True:
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subject, b"")
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            ttl = max((r.ttl_s for r in self.regs.values()), default=4.0)
+            if now - started < 2 * ttl or now - swept < ORPHAN_SWEEP_S:
+                continue
+            swept = now
+            if not self.hearing.may_expire(now, ttl):
+                continue
+            with contextlib.suppress(Exception):  # no keys yet
+                assert self._registrations is not None
+                for key in await self._registrations.keys():
+                    if key not in self.live:
+                        await self._unregister(key, self.regs.get(key))
 
     async def _watch(self, watcher: KeyValue.KeyWatcher) -> None:
         async for entry in watcher:

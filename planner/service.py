@@ -282,7 +282,7 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
             nats_connected(nc),
             cfg.metrics_host,
         )
-    watch = WorkerWatch(nc, cfg.subjects)
+    watch = WorkerWatch(nc, cfg.subjects, judge=True)  # one of the fleet's judges of liveness
     await watch.start()
     service = PlannerService(cfg, nc, watch, registry)
     stop = stop_event()

@@ -1,8 +1,9 @@
 """Discovery watcher: keeps a router's ``FleetState`` and model table in step with NATS.
 
-- ``fleet_workers`` bucket (``WorkerWatch``): registrations in, deletions out, and workers whose
-  heartbeat is older than their TTL dropped; each goes away from the ``FleetState``, which tells
-  the clients (their requests there migrate);
+- ``fleet_workers`` bucket (``FleetFollower``): registrations in, deletions out (a judge deletes a
+  worker whose heartbeats stopped; with no judge about, the follower judges the heartbeats
+  itself); each departure leaves the ``FleetState``, which tells the clients (their requests there
+  migrate);
 - ``fleet_models`` bucket (watched) + ``fleet_model_files`` object store: model cards and their
   tokenizers, loaded once per tokenizer digest;
 - fleet.metrics.> (core subscription; the stream also keeps them): ``WorkerLoad`` reports;
@@ -23,7 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from base.worker_watch import WorkerWatch
+from base.worker_follow import FleetFollower
 from model.tokenizer import ModelTokenizer
 from router.fleet_state import FleetState
 from schemas import ModelCard, WireDecodeError, WorkerLoad, decode
@@ -75,13 +76,13 @@ class Discovery:
         self._models_watch: Any = None
         self._sub: Subscription | None = None
         self.synced = asyncio.Event()
-        self.watch = WorkerWatch(
+        self.watch = FleetFollower(
             nc,
             subjects,
-            on_joined=on_worker_joined,
-            on_gone=state.remove,
-            expire_every_s=prune_interval_s,
             on_heard=state.upsert,
+            on_gone=state.remove,
+            on_joined=on_worker_joined,
+            expire_every_s=prune_interval_s,
         )
         self.tokenizer_read_timeout_s = tokenizer_read_timeout_s
 

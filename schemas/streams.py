@@ -79,6 +79,7 @@ class FleetTopology:
 
 MAX_REQUEST_CONSUMERS = 16384  # workers' own consumers (and those of workers gone < 60 s ago)
 WORKERS_BUCKET = "workers"
+HEARTBEATS_BUCKET = "heartbeats"
 MODELS_BUCKET = "models"
 MODEL_FILES_STORE = "model_files"
 KV_SNAPSHOT_STORE = "kv_snapshots"
@@ -144,7 +145,16 @@ def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
     buckets = (
         BucketSpec(
             name=s.bucket_name(WORKERS_BUCKET),
-            description="Worker registrations (heartbeat; stale entries expire)",
+            description="Worker registrations (put on change and every 30 s; a judge deletes "
+            "those whose heartbeats stopped; stale entries expire)",
+            ttl=timedelta(seconds=120),
+            storage="memory",
+            replicas=replicas,
+        ),
+        BucketSpec(
+            name=s.bucket_name(HEARTBEATS_BUCKET),
+            description="Worker heartbeats (the registration, every heartbeat interval), read "
+            "by the judges of liveness, not by every frontend",
             ttl=timedelta(seconds=30),
             storage="memory",
             replicas=replicas,

@@ -15,6 +15,7 @@ Layout (prefix ``fleet`` by default, configurable so several fleets share one NA
     {p}.dlq.{component}               DeadLetter                            FLEET_DLQ
     {p}.cancel.{request_id}           CancelRequested                       core NATS
     {p}.ctl.{worker}.{op}             control request/reply                 core NATS
+    {p}.judges                        a liveness judge is there (1/s)       core NATS
 
 ``{model}`` is ``model_token(name)``: the served name with every character outside
 ``[A-Za-z0-9_-]`` replaced by ``_`` (so ``org/Model-1.5B`` becomes ``org_Model-1_5B``).
@@ -158,6 +159,10 @@ class Subjects:
 
     def dlq_all(self) -> str:
         return f"{self.prefix}.dlq.>"
+
+    def judges(self) -> str:
+        """Core NATS: a judge of workers' liveness says it is there, every second."""
+        return f"{self.prefix}.judges"
 
     # names derived from the prefix (streams and buckets are per fleet too)
     def stream_name(self, base: str) -> str:

@@ -1,4 +1,11 @@
-"""Discovery for one worker: model card, heartbeated registration, load reports, stop requests."""
+"""Discovery for one worker: model card, registration, heartbeats, load reports, stop requests.
+
+The registration (``fleet_workers``) is put when the worker registers, when it changes (status,
+adapters) and every ``REGISTRATION_REFRESH_S``; the heartbeat (the same registration, fresh) goes
+to ``fleet_heartbeats`` every heartbeat interval. The frontends follow the registrations, the
+judges of liveness (indexers, planners) the heartbeats: a frontend hears a worker join and leave,
+not every beat of every worker (``base/worker_watch.py``).
+"""
 
 from __future__ import annotations
 
@@ -16,11 +23,13 @@ from nats.js import JetStreamContext
 from model.card import LocalModel, to_model_card
 from schemas import ModelCard, WorkerLoad, WorkerRegistration, encode, model_token
 from schemas.discovery import WorkerStatus
-from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
+from schemas.streams import HEARTBEATS_BUCKET, MODEL_FILES_STORE, MODELS_BUCKET, WORKERS_BUCKET
 from workers.config import WorkerConfig
 from workers.engine import Engine, EngineLoad
 
 log = structlog.get_logger("jetfleet.worker")
+
+REGISTRATION_REFRESH_S = 30.0  # a registration is put again this often (the bucket keeps 120 s)
 
 
 class Registry:
@@ -32,6 +41,7 @@ class Registry:
         self.status: WorkerStatus = "ready"
         self.stop_requested = asyncio.Event()
         self._kv: Any = None
+        self._beats: Any = None
         self._task: asyncio.Task[None] | None = None
         self._beating = True
         self._started_at = time.time()
@@ -78,20 +88,31 @@ class Registry:
         )
 
     async def register(self) -> None:
-        self._kv = await self.js.key_value(self.cfg.subjects.bucket_name(WORKERS_BUCKET))
-        await self._kv.put(self.cfg.worker_id, encode(self.registration()))
+        s = self.cfg.subjects
+        self._kv = await self.js.key_value(s.bucket_name(WORKERS_BUCKET))
+        self._beats = await self.js.key_value(s.bucket_name(HEARTBEATS_BUCKET))
+        reg = encode(self.registration())
+        await self._beats.put(self.cfg.worker_id, reg)  # first: a judge finds it alive
+        await self._kv.put(self.cfg.worker_id, reg)
         self._task = asyncio.create_task(self._heartbeat(), name="heartbeat")
 
     async def _heartbeat(self) -> None:
         # Also ends on ``_beating``: on Python 3.11 a cancel that lands as a put's reply arrives
         # is swallowed by ``asyncio.wait_for`` inside nats-py, and the loop would beat on (and
         # ``deregister`` wait for it) forever: seen on 31 of 1,024 workers draining at once.
+        refreshed = time.monotonic()
         while self._beating:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
             if not self._beating:
                 return
             try:
-                await self._kv.put(self.cfg.worker_id, encode(self.registration()))
+                reg = encode(self.registration())
+                await self._beats.put(self.cfg.worker_id, reg)
+                if time.monotonic() - refreshed >= REGISTRATION_REFRESH_S:
+                    # also brings back a registration a judge deleted while the worker was cut
+                    # off (its heartbeats did not arrive) and that it outlived
+                    await self._kv.put(self.cfg.worker_id, reg)
+                    refreshed = time.monotonic()
             except Exception as exc:  # NATS reconnecting: next beat retries
                 log.warning("heartbeat_failed", worker_id=self.cfg.worker_id, error=str(exc))
 
@@ -100,10 +121,12 @@ class Registry:
         await self.publish()
 
     async def publish(self) -> None:
-        """The registration now, not at the next heartbeat (its status or adapters changed)."""
+        """The registration now (its status or adapters changed)."""
         if self._kv is not None:
+            reg = encode(self.registration())
             with contextlib.suppress(Exception):
-                await self._kv.put(self.cfg.worker_id, encode(self.registration()))
+                await self._beats.put(self.cfg.worker_id, reg)
+                await self._kv.put(self.cfg.worker_id, reg)
 
     async def deregister(self) -> None:
         self._beating = False
@@ -114,6 +137,8 @@ class Registry:
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self.cfg.worker_id)
+            with contextlib.suppress(Exception):
+                await self._beats.delete(self.cfg.worker_id)
 
     def request_stop(self) -> None:
         self.stop_requested.set()

@@ -46,7 +46,7 @@ from infra.embedded import free_port
 from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from schemas import RequestObservation, Subjects, decode
-from schemas.streams import WORKERS_BUCKET
+from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 from tests.bench.loadgen import Connection, RequestResult, percentile
 from tests.bench.procstat import cpu_seconds, tree
 
@@ -165,11 +165,19 @@ class Heard:
 
 
 async def listen(nats_url: str, subjects: Subjects, heard: Heard) -> nats.NATS:
+    """What a frontend hears: the registrations, the judges' presence and the load reports;
+    the heartbeats (which only the judges read) are counted apart."""
     nc = await nats.connect(nats_url)
     bucket = subjects.bucket_name(WORKERS_BUCKET)
 
     async def on_kv(msg: Any) -> None:
-        heard.counts["workers_bucket"] += 1
+        heard.counts["registrations"] += 1
+
+    async def on_beat(msg: Any) -> None:
+        heard.counts["heartbeats (judges only)"] += 1
+
+    async def on_judge(msg: Any) -> None:
+        heard.counts["judges"] += 1
 
     async def on_metrics(msg: Any) -> None:
         heard.counts["load_reports"] += 1
@@ -179,6 +187,8 @@ async def listen(nats_url: str, subjects: Subjects, heard: Heard) -> nats.NATS:
         heard.obs.append(decode(msg.data, RequestObservation))
 
     await nc.subscribe(f"$KV.{bucket}.>", cb=on_kv)
+    await nc.subscribe(f"$KV.{subjects.bucket_name(HEARTBEATS_BUCKET)}.>", cb=on_beat)
+    await nc.subscribe(subjects.judges(), cb=on_judge)
     await nc.subscribe(subjects.metrics_all(), cb=on_metrics)
     await nc.subscribe(f"{subjects.prefix}.obs.>", cb=on_obs)
     await nc.flush()

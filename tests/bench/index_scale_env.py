@@ -33,10 +33,10 @@ from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from schemas import Subjects, WorkerRegistration, encode
 from schemas.kv_events import KvEventBatch, ShapeChanged
-from schemas.streams import WORKERS_BUCKET
+from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 from schemas.subjects import KV_PARTITIONS, kv_partition
 
-HEARTBEAT_EVERY_S = 10.0  # the workers bucket forgets an entry after 30 s (its max age)
+HEARTBEAT_EVERY_S = 10.0  # the heartbeats bucket forgets an entry after 30 s (its max age)
 
 
 @dataclass
@@ -166,12 +166,13 @@ class Env:
         """The worker leaves discovery (its key deleted), as a clean shutdown does."""
         assert self.nc is not None
         self.departed.add(worker)
-        kv = await self.nc.jetstream().key_value(self.subjects.bucket_name(WORKERS_BUCKET))
-        await kv.delete(worker)
+        for bucket in (WORKERS_BUCKET, HEARTBEATS_BUCKET):
+            kv = await self.nc.jetstream().key_value(self.subjects.bucket_name(bucket))
+            await kv.delete(worker)
 
     async def _put(self, workers: list[str]) -> None:
         assert self.nc is not None
-        kv = await self.nc.jetstream().key_value(self.subjects.bucket_name(WORKERS_BUCKET))
+        kv = await self.nc.jetstream().key_value(self.subjects.bucket_name(HEARTBEATS_BUCKET))
         now = time.time()
         for w in workers:
             if w in self.departed:

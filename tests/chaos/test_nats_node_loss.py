@@ -39,7 +39,7 @@ async def test_a_nats_node_killed_under_load_loses_no_request(
             nc = await connect_nats(cluster.url, name="test-replicas")
             try:
                 mine = await nc.jetstream().streams_info()
-                assert len(mine) == 10 and {i.config.num_replicas for i in mine} == {3}, [
+                assert len(mine) == 11 and {i.config.num_replicas for i in mine} == {3}, [
                     (i.config.name, i.config.num_replicas) for i in mine
                 ]
             finally:

@@ -86,6 +86,17 @@ async def _observations(
     return got
 
 
+async def _latest_load(nc, fleet: Fleet, role: str) -> WorkerLoad | None:
+    """A pool's latest load report, from FLEET_METRICS (an idle worker reports once: a
+    subscriber that came later would hear nothing)."""
+    stream = f"{fleet.prefix.upper()}_METRICS"
+    try:
+        msg = await nc.jetstream().get_last_msg(stream, f"{fleet.prefix}.metrics.{MODEL}.{role}.*")
+    except Exception:  # none yet
+        return None
+    return decode(msg.data, WorkerLoad)
+
+
 async def _loads(fleet: Fleet) -> dict[str, WorkerLoad]:
     """Each pool's load once both are idle with no block in use (waited for)."""
     import nats
@@ -93,19 +104,17 @@ async def _loads(fleet: Fleet) -> dict[str, WorkerLoad]:
     nc = await nats.connect(fleet.nats_url)
     loads: dict[str, WorkerLoad] = {}
 
-    async def on(msg) -> None:
-        load = decode(msg.data, WorkerLoad)
-        loads[load.role] = load
-
-    await nc.subscribe(f"{fleet.prefix}.metrics.>", cb=on)
-    try:
-        await wait_for(
-            lambda: (
-                len(loads) == 2
-                and all(v.kv_usage == 0 and v.num_running == 0 for v in loads.values())
-            ),
-            timeout=10,
+    async def idle() -> bool:
+        for role in ("prefill", "decode"):
+            load = await _latest_load(nc, fleet, role)
+            if load is not None:
+                loads[role] = load
+        return len(loads) == 2 and all(
+            v.kv_usage == 0 and v.num_running == 0 for v in loads.values()
         )
+
+    try:
+        await wait_for(idle, timeout=10)
     finally:
         await nc.close()
     return loads
@@ -341,16 +350,13 @@ async def test_requests_in_flight_complete_when_the_prefill_worker_dies(disagg) 
     import nats
 
     nc = await nats.connect(fleet.nats_url)
-    decode_load: list[WorkerLoad] = []
 
-    async def on(msg) -> None:
-        load = decode(msg.data, WorkerLoad)
-        if load.role == "decode":
-            decode_load.append(load)
+    async def decode_idle() -> bool:
+        load = await _latest_load(nc, fleet, "decode")
+        return load is not None and load.kv_usage == 0
 
-    await nc.subscribe(f"{fleet.prefix}.metrics.>", cb=on)
     try:
-        await wait_for(lambda: decode_load and decode_load[-1].kv_usage == 0, timeout=10)
+        await wait_for(decode_idle, timeout=10)
     finally:
         await nc.close()
 

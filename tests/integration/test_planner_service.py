@@ -23,7 +23,7 @@ from schemas import (
     decode,
     encode,
 )
-from schemas.streams import WORKERS_BUCKET
+from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 from tests.support.builders import registration
 from tests.support.wait import wait_for
 
@@ -66,8 +66,8 @@ class Planner:
 
 
 async def register(js, subjects, worker_id: str, managed_by: str = "local") -> None:
-    """A worker as a connector starts it (``managed_by="hand"``: one started by hand)."""
-    kv = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
+    """A worker as a connector starts it (``managed_by="hand"``: one started by hand): its
+    registration and its heartbeat."""
     reg = registration(
         worker_id,
         MODEL,
@@ -77,7 +77,9 @@ async def register(js, subjects, worker_id: str, managed_by: str = "local") -> N
         ttl_s=60.0,
         managed_by=managed_by,
     )
-    await kv.put(worker_id, encode(reg))
+    for bucket in (WORKERS_BUCKET, HEARTBEATS_BUCKET):
+        kv = await js.key_value(subjects.bucket_name(bucket))
+        await kv.put(worker_id, encode(reg))
 
 
 async def send_load(js, subjects, n: int, osl: int = 40) -> None:

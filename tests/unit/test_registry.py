@@ -13,7 +13,8 @@ from workers.registry import Registry
 
 
 class _Bucket:
-    """A registrations bucket whose heartbeat puts wait for the test to answer them."""
+    """The registrations and heartbeats buckets (one object): the puts of a heartbeat wait for
+    the test to answer them."""
 
     def __init__(self) -> None:
         self.puts = 0
@@ -23,8 +24,8 @@ class _Bucket:
 
     async def put(self, key: str, value: bytes) -> None:
         self.puts += 1
-        if self.puts == 1:
-            return  # the registration itself
+        if self.puts <= 2:
+            return  # registering: the first heartbeat and the registration
         self.in_flight = asyncio.get_running_loop().create_future()
         self.waiting.set()
         await asyncio.wait_for(self.in_flight, 5.0)  # as nats-py awaits a request's reply
@@ -55,4 +56,4 @@ async def test_deregister_ends_a_heartbeat_whose_cancel_its_put_swallowed() -> N
     deregistering = asyncio.ensure_future(registry.deregister())
     done, _ = await asyncio.wait({deregistering}, timeout=2.0)  # (wait_for would cancel it)
     assert deregistering in done, "the heartbeat beats on"
-    assert bucket.deleted == ["w-1"]
+    assert bucket.deleted == ["w-1", "w-1"]  # the registration, then the heartbeat

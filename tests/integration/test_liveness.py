@@ -1,0 +1,133 @@
+"""Liveness: the judges read the heartbeats, the frontends follow the registrations.
+
+A judge (``WorkerWatch(judge=True)``: indexers, planners) deletes the registration of a worker
+whose heartbeats stopped; a frontend's ``FleetFollower`` hears that deletion as the departure, and
+hears no heartbeat while a judge is about. Without one, it judges the heartbeats itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import msgspec
+import pytest
+
+from base.topology import ensure_topology
+from base.worker_follow import FleetFollower
+from base.worker_watch import WorkerWatch
+from schemas import WorkerRegistration, encode
+from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
+from tests.support.builders import registration
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class Beating:
+    """A fake worker: its registration, and a heartbeat every 0.2 s until stopped."""
+
+    def __init__(self, js, subjects, worker_id: str) -> None:
+        self.js, self.subjects, self.worker_id = js, subjects, worker_id
+        self.reg = registration(
+            worker_id, "m", heartbeat_interval_s=0.2, ttl_s=1.0, started_at_s=time.time()
+        )
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.beats = await self.js.key_value(self.subjects.bucket_name(HEARTBEATS_BUCKET))
+        self.regs = await self.js.key_value(self.subjects.bucket_name(WORKERS_BUCKET))
+        await self.beat()
+        await self.regs.put(self.worker_id, encode(self.reg))
+        self.task = asyncio.create_task(self._loop())
+
+    async def beat(self) -> None:
+        fresh = msgspec.structs.replace(self.reg, heartbeat_at_s=time.time())
+        await self.beats.put(self.worker_id, encode(fresh))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            await self.beat()
+
+    def stop(self) -> None:  # dies: no deregistration
+        if self.task is not None:
+            self.task.cancel()
+
+
+@pytest.fixture
+async def fleet(nc, subjects):
+    await ensure_topology(nc.jetstream(), subjects)
+    return nc, subjects
+
+
+async def test_a_judge_deletes_a_silent_workers_registration_and_the_follower_hears_it(fleet):
+    nc, subjects = fleet
+    judge = WorkerWatch(nc, subjects, judge=True, expire_every_s=0.1)
+    await judge.start()
+    joined: list[str] = []
+    gone: list[str] = []
+    heard: list[WorkerRegistration] = []
+    follower = FleetFollower(
+        nc, subjects, on_heard=heard.append, on_gone=gone.append, on_joined=joined.append
+    )
+    await follower.start()
+    w = Beating(nc.jetstream(), subjects, "w-silent")
+    await w.start()
+    try:
+        await wait_for(lambda: joined == ["w-silent"], timeout=10)
+        await wait_for(lambda: follower.own_judge is None, timeout=10)  # a judge is heard
+        seen = len(heard)
+        await asyncio.sleep(1.0)  # five heartbeats go by
+        assert len(heard) == seen, "the follower heard heartbeats with a judge about"
+        w.stop()
+        await wait_for(lambda: gone == ["w-silent"], timeout=10)  # the judge deleted it
+        regs = await nc.jetstream().key_value(subjects.bucket_name(WORKERS_BUCKET))
+        with pytest.raises(Exception):  # noqa: B017 (nats-py raises KeyDeletedError/NotFound)
+            await regs.get("w-silent")
+    finally:
+        w.stop()
+        await follower.stop()
+        await judge.stop()
+
+
+async def test_without_a_judge_the_follower_judges_the_heartbeats_itself(fleet):
+    nc, subjects = fleet
+    gone: list[str] = []
+    joined: list[str] = []
+    follower = FleetFollower(
+        nc, subjects, on_heard=lambda _r: None, on_gone=gone.append, on_joined=joined.append
+    )
+    await follower.start()
+    w = Beating(nc.jetstream(), subjects, "w-alone")
+    await w.start()
+    try:
+        await wait_for(lambda: joined == ["w-alone"], timeout=10)
+        assert follower.own_judge is not None
+        w.stop()
+        await wait_for(lambda: gone == ["w-alone"], timeout=10)
+    finally:
+        w.stop()
+        await follower.stop()
+
+
+async def test_a_judge_leaves_a_restarted_workers_registration_alone(fleet):
+    """The worker's old process went silent, a new one registered under its id meanwhile: the
+    judge expires the old heartbeat but does not delete the new registration."""
+    nc, subjects = fleet
+    judge = WorkerWatch(nc, subjects, judge=True, expire_every_s=0.1)
+    await judge.start()
+    old = Beating(nc.jetstream(), subjects, "w-again")
+    await old.start()
+    try:
+        await wait_for(lambda: "w-again" in judge.live, timeout=10)
+        old.stop()
+        regs = await nc.jetstream().key_value(subjects.bucket_name(WORKERS_BUCKET))
+        new_reg = msgspec.structs.replace(old.reg, started_at_s=time.time() + 1)
+        await regs.put("w-again", encode(new_reg))  # registered, first heartbeat not yet in
+        await wait_for(lambda: "w-again" not in judge.live, timeout=10)
+        await asyncio.sleep(0.3)  # the judge's deletion, had it made one
+        assert (await regs.get("w-again")).value == encode(new_reg)
+    finally:
+        old.stop()
+        await judge.stop()
