@@ -152,9 +152,7 @@ class WorkerWatch:
         if self._on_gone is not None or self.judge:
             self._tasks.append(asyncio.create_task(self._expire_loop()))
         if self.judge:
-            self._registrations = await self.js.key_value(
-                self.subjects.bucket_name(WORKERS_BUCKET)
-            )
+            self._registrations = await self.js.key_value(self.subjects.bucket_name(WORKERS_BUCKET))
             self._tasks.append(asyncio.create_task(self._judge_loop()))
         await self.synced.wait()
 

@@ -685,9 +685,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
         task.add_done_callback(pending.discard)
 
     indexer = Indexer(cfg, nc, redis, IndexerMetrics(prom), live_workers)
-    watch = WorkerWatch(
-        nc, cfg.subjects, on_joined=indexer.worker_joined, on_gone=gone, judge=True
-    )
+    watch = WorkerWatch(nc, cfg.subjects, on_joined=indexer.worker_joined, on_gone=gone, judge=True)
     await watch.start()
     stop = stop_event()
     try:
