@@ -171,3 +171,7 @@ class Subjects:
 
     def bucket_name(self, base: str) -> str:
         return f"{self.prefix.replace('-', '_')}_{base}"
+
+    def bucket_key(self, base: str, key: str) -> str:
+        """The subject a JetStream KV bucket stores ``key`` under (a put is a publish to it)."""
+        return f"$KV.{self.bucket_name(base)}.{_token(key, 'key')}"

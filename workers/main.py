@@ -136,7 +136,7 @@ class WorkerProcess:
         """Build and start one replica (consuming; not yet registered)."""
         cfg = replace(self.cfg, worker_id=worker_id)
         engine = build_engine(self.choice, self.tokenizer, self.local, worker_id, self.vocab)
-        registry = Registry(cfg, self.js, engine)
+        registry = Registry(cfg, self.js, engine, self.nc)
         registry.metrics_url = self.metrics_url
         metrics = WorkerMetrics(self.families, cfg.model_name, worker_id)
         runtime = WorkerRuntime(

@@ -23,7 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from router.kv.routing import RouteCall, RouteOutcome, Scored, deepest_holders, pick, route_cost
+from router.kv.routing import (
+    RouteCall,
+    RouteOutcome,
+    Scored,
+    WorkerPool,
+    deepest_holders,
+    pick,
+    route_cost,
+)
 from router.kv.translate import ClearOp, IndexOp, RemoveOp, StoreOp, holders
 
 
@@ -62,6 +70,9 @@ class PrefixIndex(Protocol):
 
     async def warm(self) -> None:
         """Be ready for the first routing call (open connections, load scripts)."""
+
+    def prepare(self, model: str, pool: WorkerPool) -> None:
+        """Build now whatever the index keeps of a pool (not on a request's path)."""
 
 
 @dataclass
@@ -206,6 +217,9 @@ class InMemoryPrefixIndex:
 
     async def warm(self) -> None:
         return None  # nothing to open
+
+    def prepare(self, model: str, pool: WorkerPool) -> None:
+        return None  # keeps nothing of it
 
     async def reserved(self, model: str, worker_id: str) -> tuple[int, int]:
         p, d = self._load.get((model, worker_id), [0, 0])

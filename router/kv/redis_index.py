@@ -468,6 +468,11 @@ class RedisPrefixIndex:
         )
         return RouteOutcome(ids[winner - 1], scored)
 
+    def prepare(self, model: str, pool: WorkerPool) -> None:
+        """Build a pool's encodings now (its router read it again off the request path)."""
+        if model in self._tables:
+            self._encodings(model, pool)
+
     def _encodings(self, model: str, pool: WorkerPool) -> tuple[bytes, bytes, bytes]:
         """(slot table version, eligibility bitmap, reported loads by slot) of a pool, built once
         per pool and table; nothing until this router has read the table (then only the

@@ -42,6 +42,7 @@ seconds (assumed cached there), and the load from this router's own in-flight co
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
 import time
@@ -159,6 +160,7 @@ class KvRouter:
         self.fallbacks = 0
         self._redis_down = False
         self._pools: dict[tuple[str, int], _Pool] = {}
+        self._refreshing: set[tuple[str, int]] = set()
 
     async def warm(self) -> None:
         """Get the index ready for the first request (scripts loaded, connection open)."""
@@ -175,17 +177,27 @@ class KvRouter:
         )
 
     def _pool(self, model: str, candidates: Sequence[WorkerView], now: float) -> _Pool:
-        """The pool of a candidate list, rebuilt when the list changes or its load figures are
-        older than ``pool_refresh_s`` (a list the fleet state keeps while nobody joins or
-        leaves)."""
+        """The pool of a candidate list: built when the list is new (the fleet state keeps one
+        while nobody joins or leaves), and read again in the background once its load figures
+        are older than ``pool_refresh_s``, while routes go on with the one they have (a read
+        visits every candidate: not on a request's path)."""
         key = (model, id(candidates))  # the cached pool holds the list: its id is not reused
         found = self._pools.get(key)
-        if (
-            found is not None
-            and found.source is candidates
-            and now - found.built_at < self.cfg.pool_refresh_s
-        ):
-            return found
+        if found is None or found.source is not candidates:
+            return self._build_pool(key, model, candidates, now)
+        if now - found.built_at >= self.cfg.pool_refresh_s and key not in self._refreshing:
+            self._refreshing.add(key)
+            asyncio.get_running_loop().call_soon(self._refresh_pool, key, model, candidates)
+        return found
+
+    def _refresh_pool(self, key: tuple[str, int], model: str, cands: Sequence[WorkerView]) -> None:
+        self._refreshing.discard(key)
+        pool = self._build_pool(key, model, cands, time.monotonic())
+        self.index.prepare(model, pool.pool)  # the index's own reading of it, off the path too
+
+    def _build_pool(
+        self, key: tuple[str, int], model: str, candidates: Sequence[WorkerView], now: float
+    ) -> _Pool:
         block_size = candidates[0].reg.block_size
         reported: dict[str, tuple[float, float]] = {}
         for v in candidates:
