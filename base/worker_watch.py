@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
-from schemas import Subjects, WireDecodeError, WorkerRegistration, decode
+from schemas import Subjects, WireDecodeError, WorkerRegistration, decode, encode
 from schemas.discovery import BY_HAND
 from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 
@@ -182,16 +183,33 @@ class WorkerWatch:
         if self.live.pop(worker_id, None) is None:
             return
         if why == "expired" and self.judge:
-            reg = self.regs.get(worker_id)
-            task = asyncio.create_task(self._unregister(worker_id, reg))
-            self._tasks.append(task)
-            task.add_done_callback(self._forget_task)
+            self._spawn(self._unregister(worker_id, self.regs.get(worker_id)))
         if self._on_gone is not None:
             if why == "expired":
                 log.warning("worker_expired", worker_id=worker_id)
             else:
                 log.info("worker_gone", worker_id=worker_id, why=why)
             self._on_gone(worker_id)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget_task)
+
+    async def _restore(self, regs: list[WorkerRegistration]) -> None:
+        """Put back the registration of a live worker that has none (a judge deleted it while
+        the worker's heartbeats did not arrive, and the worker outlived that)."""
+        if self._registrations is None:
+            return
+        try:
+            present = set(await self._registrations.keys())
+        except Exception:  # no keys at all (or NATS away: the next join tries again)
+            present = set()
+        for reg in regs:
+            if reg.worker_id in self.live and reg.worker_id not in present:
+                with contextlib.suppress(Exception):
+                    await self._registrations.create(reg.worker_id, encode(reg))
+                    log.info("worker_registration_restored", worker_id=reg.worker_id)
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
         with contextlib.suppress(ValueError):
@@ -240,6 +258,8 @@ class WorkerWatch:
     async def _watch(self, watcher: KeyValue.KeyWatcher) -> None:
         async for entry in watcher:
             if entry is None:
+                if self.judge and not self.synced.is_set():
+                    self._spawn(self._restore(list(self.regs.values())))
                 self.synced.set()
                 continue
             if entry.operation in ("DEL", "PURGE") or not entry.value:
@@ -266,6 +286,8 @@ class WorkerWatch:
                 log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
             if not known and self._on_joined is not None:
                 self._on_joined(entry.key)
+            if not known and self.judge and self.synced.is_set():
+                self._spawn(self._restore([reg]))
 
     async def _expire_loop(self) -> None:
         while True:

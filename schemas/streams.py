@@ -145,9 +145,9 @@ def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
     buckets = (
         BucketSpec(
             name=s.bucket_name(WORKERS_BUCKET),
-            description="Worker registrations (put on change and every 30 s; a judge deletes "
+            description="Worker registrations (put on change and every 5 min; a judge deletes "
             "those whose heartbeats stopped; stale entries expire)",
-            ttl=timedelta(seconds=120),
+            ttl=timedelta(hours=1),
             storage="memory",
             replicas=replicas,
         ),

@@ -31,7 +31,9 @@ from workers.engine import Engine, EngineLoad
 
 log = structlog.get_logger("jetfleet.worker")
 
-REGISTRATION_REFRESH_S = 30.0  # a registration is put again this often (the bucket keeps 120 s)
+# A registration is put again this often (the bucket keeps it an hour): a judge deletes a dead
+# worker's at once, and puts back the registration of one whose heartbeats come again
+REGISTRATION_REFRESH_S = 300.0
 
 
 class Registry:

@@ -122,6 +122,7 @@ class WorkerRuntime:
         self._capacity = self.feeds.pool.capacity  # set when a slot comes free
         self._idle = asyncio.Event()
         self._idle.set()
+        self._working = asyncio.Event()  # the inverse: set while a request is in flight
         self._stopping = False
         self._kv_event_id = 0
         self._kv_relay = KvRelay(engine.kv_fleet_hashing, cfg.kv_branch_blocks)
@@ -273,6 +274,7 @@ class WorkerRuntime:
         ar = ActiveRequest(req, msg, self.cfg.worker_id, detok, self._on_ready, time.monotonic())
         self.active[req.request_id] = ar
         self._idle.clear()
+        self._working.set()
         if len(self.active) >= self.engine.max_num_seqs:
             self._capacity.clear()
         self.metrics.requests_started.inc()
@@ -403,6 +405,7 @@ class WorkerRuntime:
         )
         if not self.active:
             self._idle.set()
+            self._working.clear()
         if not self._stopping:
             self._capacity.set()
         try:
@@ -487,7 +490,11 @@ class WorkerRuntime:
 
     async def _load_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.cfg.load_interval_s)
+            if self._quiet():  # idle: wake for work, or to look again (status) every keepalive
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._working.wait(), self.cfg.load_keepalive_s)
+            else:
+                await asyncio.sleep(self.cfg.load_interval_s)
             if not self._quiet():
                 await self._load_now()
 

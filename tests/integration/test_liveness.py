@@ -16,7 +16,7 @@ import pytest
 from base.topology import ensure_topology
 from base.worker_follow import FleetFollower
 from base.worker_watch import WorkerWatch
-from schemas import WorkerRegistration, encode
+from schemas import WorkerRegistration, decode, encode
 from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 from tests.support.builders import registration
 from tests.support.wait import wait_for
@@ -130,4 +130,39 @@ async def test_a_judge_leaves_a_restarted_workers_registration_alone(fleet):
         assert (await regs.get("w-again")).value == encode(new_reg)
     finally:
         old.stop()
+        await judge.stop()
+
+
+async def test_a_judge_puts_back_the_registration_of_a_worker_whose_heartbeats_return(fleet):
+    """A worker cut off for longer than its TTL loses its registration; when its heartbeats come
+    again (the partition healed, the worker never restarted) the judge registers it again, so
+    the frontends route to it without waiting for its next refresh."""
+    nc, subjects = fleet
+    judge = WorkerWatch(nc, subjects, judge=True, expire_every_s=0.1)
+    await judge.start()
+    w = Beating(nc.jetstream(), subjects, "w-cut")
+    await w.start()
+    regs = await nc.jetstream().key_value(subjects.bucket_name(WORKERS_BUCKET))
+
+    async def registered() -> bool:
+        try:
+            return bool((await regs.get("w-cut")).value)
+        except Exception:
+            return False
+
+    try:
+        await wait_for(lambda: "w-cut" in judge.live, timeout=10)
+        w.stop()  # the partition: no heartbeat arrives
+        await wait_for(lambda: "w-cut" not in judge.live, timeout=10)
+
+        async def unregistered() -> bool:
+            return not await registered()
+
+        await wait_for(unregistered, timeout=10)  # the judge deleted it
+        w.task = asyncio.create_task(w._loop())  # healed: the same process beats again
+        await wait_for(registered, timeout=10)  # the judge put it back
+        back = decode((await regs.get("w-cut")).value, WorkerRegistration)
+        assert back.worker_id == "w-cut" and back.started_at_s == w.reg.started_at_s
+    finally:
+        w.stop()
         await judge.stop()
