@@ -144,6 +144,7 @@ class WorkerWatch:
         self._tasks: list[asyncio.Task[None]] = []
         self._watcher: KeyValue.KeyWatcher | None = None
         self._registrations: KeyValue | None = None
+        self._deleted: set[str] = set()  # registrations this judge deleted (or found gone)
         self.hearing = Hearing()
 
     async def start(self) -> None:
@@ -196,15 +197,18 @@ class WorkerWatch:
         self._tasks.append(task)
         task.add_done_callback(self._forget_task)
 
-    async def _restore(self, regs: list[WorkerRegistration]) -> None:
+    async def _restore(self, regs: list[WorkerRegistration], check: bool = True) -> None:
         """Put back the registration of a live worker that has none (a judge deleted it while
-        the worker's heartbeats did not arrive, and the worker outlived that)."""
+        the worker's heartbeats did not arrive, and the worker outlived that). At the judge's
+        start every live worker is checked (one listing of the bucket); after, only a worker
+        whose registration this judge deleted, when its heartbeats come again (``check`` False:
+        no listing, so a join costs nothing more at any fleet size)."""
         if self._registrations is None:
             return
-        try:
-            present = set(await self._registrations.keys())
-        except Exception:  # no keys at all (or NATS away: the next join tries again)
-            present = set()
+        present: set[str] = set()
+        if check:
+            with contextlib.suppress(Exception):  # no keys at all (or NATS away)
+                present = set(await self._registrations.keys())
         for reg in regs:
             if reg.worker_id in self.live and reg.worker_id not in present:
                 with contextlib.suppress(Exception):
@@ -222,6 +226,7 @@ class WorkerWatch:
         try:
             entry = await self._registrations.get(worker_id)
         except Exception:  # already gone (deregistered, another judge)
+            self._deleted.add(worker_id)
             return
         try:
             current = decode(entry.value or b"", WorkerRegistration)
@@ -232,6 +237,7 @@ class WorkerWatch:
         with contextlib.suppress(Exception):  # another judge was first
             await self._registrations.delete(worker_id, last=entry.revision)
             log.info("worker_registration_deleted", worker_id=worker_id, why="no heartbeat")
+        self._deleted.add(worker_id)
 
     async def _judge_loop(self) -> None:
         """Say every second that a judge is there; and delete registrations no heartbeat
@@ -286,8 +292,9 @@ class WorkerWatch:
                 log.info("worker_joined", worker_id=reg.worker_id, model=reg.model, role=reg.role)
             if not known and self._on_joined is not None:
                 self._on_joined(entry.key)
-            if not known and self.judge and self.synced.is_set():
-                self._spawn(self._restore([reg]))
+            if not known and entry.key in self._deleted:
+                self._deleted.discard(entry.key)
+                self._spawn(self._restore([reg], check=False))
 
     async def _expire_loop(self) -> None:
         while True:

@@ -15,7 +15,9 @@ decision time), and the indexer's lag is sampled (the KV stream's last sequence 
 index's applied position). One JSON document: per configuration TTFT p50/p99, errors, cached
 share, route decision p50/p99, observation bytes, messages/s a frontend hears by kind, CPU
 seconds per request of every component (frontends, workers, indexer, nats-server, redis-server),
-RSS of nats-server and Redis, Redis memory, and the indexer's lag.
+RSS of nats-server and Redis, Redis memory, the indexer's lag, and how many times a judge found
+a live worker silent (``workers_expired``: its ``worker_expired`` warnings in ``jetfleet up``'s
+log; ``--log-dir`` keeps the logs).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import asyncio
 import json
 import random
 import re
+import shutil
 import signal
 import string
 import subprocess
@@ -327,11 +330,15 @@ def run_config(workers: int, frontends: int, args: argparse.Namespace) -> dict[s
             idle1 = cpu_by_kind(run.proc.pid)
             row = uvloop.run(measure(run, args, seed=workers + frontends))
             row["start_s"] = started
+            row["workers_expired"] = run.log.read_text(errors="replace").count("worker_expired")
             row["idle_cpu_per_s"] = {
                 k: round((idle1[k] - idle0[k]) / args.idle_seconds, 3) for k in KINDS
             }
         finally:
             stop_up(run)
+            if args.log_dir:
+                args.log_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copy(run.log, args.log_dir / f"up-{workers}x{frontends}.log")
     return {"workers": workers, "frontends": frontends, **row}
 
 
@@ -350,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speedup", type=float, default=10.0)
     ap.add_argument("--workers-per-process", type=int, default=256)
     ap.add_argument("--start-timeout", type=float, default=300.0)
+    ap.add_argument("--log-dir", type=Path, help="keep each configuration's jetfleet up log here")
     args = ap.parse_args(argv)
     configure_logging("warning")
     out: dict[str, Any] = {

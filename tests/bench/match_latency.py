@@ -14,7 +14,7 @@ round trip), each reservation released after its call. Scenarios:
 - ``all_hold_all``: every worker holds every block of the query;
 - ``holes``: as ``typical``, but every worker then evicted one block in the middle of one of its
   prompts while keeping the blocks after it, so no worker's cache is prefix-closed and every
-  match walks block by block (the slow path; see ``router/kv/shape.py``).
+  match walks block by block (the slow path; see ``workers/kv_shape.py``).
 """
 
 from __future__ import annotations

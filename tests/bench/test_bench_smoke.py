@@ -286,3 +286,17 @@ def test_replicas_scale_bench():
         assert run["registered"] == {"ready": 4} and run["registrations_left"] == 0
         assert run["exit_codes"] == [0] * run["processes"] and run["start_s"] > 0
         assert set(run["idle_cpu_pct"]) >= {"worker-0", "nats-server", "redis-server"}
+
+
+def test_fleet_scale_bench():
+    d = run_bench(
+        "fleet_scale", "--configs", "4x1,4x2", "--rate", "5", "--seconds", "2",
+        "--idle-seconds", "1", "--prefixes", "4", "--workers-per-process", "2",
+    )  # fmt: skip
+    for row, frontends in zip(d["configs"], (1, 2), strict=True):
+        assert (row["workers"], row["frontends"]) == (4, frontends)
+        assert row["requests"] == 10 and row["errors"] == 0 and row["warm_errors"] == 0
+        assert row["ttft_p50_ms"] > 0 and row["cached_share"] > 0
+        assert row["route_decision_p50_us"] > 0 and row["observation_bytes_mean"] > 0
+        assert row["cpu_per_request"]["frontend_ms"] > 0 and row["cpu_per_request"]["worker_ms"] > 0
+        assert row["frontend_hears_per_s"]
