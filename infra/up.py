@@ -22,6 +22,7 @@ from infra.cli.components import engine_argv, routing_argv
 from infra.command import cli_command
 from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
 from infra.embedded_cluster import CLUSTER_BUS_OFFSET, ClusterNode, EmbeddedRedisCluster
+from infra.packing import worker_packs
 from schemas import Subjects
 from workers.engines.vllm.platform import fleet_cpu_threads
 
@@ -173,14 +174,6 @@ def _start_workers(
                 "worker", *common, *engine, "--role", role, "--metrics-port", "-1", *packed
             )
             group.start(f"{role}-{i}" if args.disagg else f"worker-{i}", worker)
-
-
-def worker_packs(workers: int, per_process: int) -> list[int]:
-    """How many workers each process runs: ``ceil(workers / per_process)`` processes, their
-    sizes at most one apart (10 by 4: 4, 3, 3)."""
-    processes = -(-workers // per_process)
-    base, extra = divmod(workers, processes) if processes else (0, 0)
-    return [base + (1 if i < extra else 0) for i in range(processes)]
 
 
 def _pools(args: argparse.Namespace) -> dict[str, int]:

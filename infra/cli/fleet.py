@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from infra.cli.components import CLIENT, DISAGG, add_common, add_engine, add_routing
 from infra.cli.planner_args import add_planner_args
+from infra.packing import AUTO, PACK_FROM, PACK_SIZE, auto_per_process
 from schemas import Subjects
 from schemas.control import CONTROL_OPS
 
@@ -44,13 +46,14 @@ def add_commands(sub: Any) -> None:
     g.add_argument("--workers", type=int, default=2, help="workers to start (default: 2)")
     g.add_argument(
         "--workers-per-process",
-        type=int,
-        default=1,
+        type=_per_process,
+        default=AUTO,
         metavar="K",
         help="pack the workers K to a process (jetfleet worker --replicas, mocker only): "
         "ceil(N/K) worker processes, for fleets of hundreds of workers on a few cores; needs "
         "--no-planner, since the planner's local connector starts and drains one worker per "
-        "process (default: 1)",
+        f"process (default: auto: one a process up to {PACK_FROM - 1} workers or with the "
+        f"planner, else packed into max(cores, N/{PACK_SIZE}) processes)",
     )
     g.add_argument("--host", default="127.0.0.1", help="frontend address (default: 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="frontend port (default: 8000)")
@@ -157,7 +160,11 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
         if args.replicas > 1 and not args.nats:
             print("jetfleet up: --replicas above 1 needs a NATS cluster (--nats)", file=sys.stderr)
             return 2
-        problem = _packing_problem(args)
+        if args.workers_per_process == AUTO:
+            args.workers_per_process = auto_per_process(
+                args.workers, os.cpu_count() or 1, args.planner or args.engine != "mocker"
+            )
+        problem = _packing_problem(args) or _planner_size_problem(args)
         if problem:
             print(f"jetfleet up: {problem}", file=sys.stderr)
             return 2
@@ -203,11 +210,31 @@ def _redis_shards_problem(args: argparse.Namespace) -> str:
     return ""
 
 
+def _per_process(text: str) -> int:
+    if text == "auto":
+        return AUTO
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or auto") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError("at least 1 (or auto)")
+    return k
+
+
+def _planner_size_problem(args: argparse.Namespace) -> str:
+    if args.planner and args.workers >= PACK_FROM:
+        return (
+            f"--workers {args.workers} with the planner: its local connector runs one worker per "
+            "process, which a machine does not hold at this size; --no-planner packs them "
+            "(--workers-per-process)"
+        )
+    return ""
+
+
 def _packing_problem(args: argparse.Namespace) -> str:
     """Why ``--workers-per-process`` cannot be honoured ("" when it can)."""
     k = args.workers_per_process
-    if k < 1:
-        return "--workers-per-process is at least 1"
     if k == 1:
         return ""
     if args.planner:

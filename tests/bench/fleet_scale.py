@@ -41,6 +41,7 @@ from typing import Any
 
 import nats
 import uvloop
+from nats.aio.client import Client as NATSClient
 
 from base.connect import connect_redis
 from base.logs import configure_logging
@@ -167,7 +168,7 @@ class Heard:
     obs: list[RequestObservation] = field(default_factory=list)
 
 
-async def listen(nats_url: str, subjects: Subjects, heard: Heard) -> nats.NATS:
+async def listen(nats_url: str, subjects: Subjects, heard: Heard) -> NATSClient:
     """What a frontend hears: the registrations, the judges' presence and the load reports;
     the heartbeats (which only the judges read) are counted apart."""
     nc = await nats.connect(nats_url)
@@ -311,6 +312,26 @@ async def measure(run: Running, args: argparse.Namespace, seed: int) -> dict[str
     }
 
 
+BURN = """
+import sys, time
+share, tick = float(sys.argv[1]), 0.01
+while True:
+    t = time.perf_counter() + share * tick
+    while time.perf_counter() < t:
+        pass
+    time.sleep((1 - share) * tick)
+"""
+
+
+def burner(cores: float) -> subprocess.Popen[bytes] | None:
+    """A process that keeps ``cores`` of one core busy (a 10 ms duty cycle): the background a
+    large simulated fleet puts on this machine, given to a small one, to tell what the fleet
+    costs per request from what its neighbours on the same two cores do to the latency."""
+    if cores <= 0:
+        return None
+    return subprocess.Popen([sys.executable, "-c", BURN, str(min(cores, 1.0))])
+
+
 def run_config(workers: int, frontends: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="jetfleet-fleet-scale-") as d:
         tmp = Path(d)
@@ -325,10 +346,16 @@ def run_config(workers: int, frontends: int, args: argparse.Namespace) -> dict[s
                     )
                 time.sleep(1.0)
             started = round(time.monotonic() - run.started_s, 1)
+            burn = burner(args.burn)
             idle0 = cpu_by_kind(run.proc.pid)
             time.sleep(args.idle_seconds)
             idle1 = cpu_by_kind(run.proc.pid)
-            row = uvloop.run(measure(run, args, seed=workers + frontends))
+            try:
+                row = uvloop.run(measure(run, args, seed=workers + frontends))
+            finally:
+                if burn is not None:
+                    burn.kill()
+                    burn.wait()
             row["start_s"] = started
             row["workers_expired"] = run.log.read_text(errors="replace").count("worker_expired")
             row["idle_cpu_per_s"] = {
@@ -339,7 +366,7 @@ def run_config(workers: int, frontends: int, args: argparse.Namespace) -> dict[s
             if args.log_dir:
                 args.log_dir.mkdir(parents=True, exist_ok=True)
                 shutil.copy(run.log, args.log_dir / f"up-{workers}x{frontends}.log")
-    return {"workers": workers, "frontends": frontends, **row}
+    return {"workers": workers, "frontends": frontends, "burn_cores": args.burn, **row}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speedup", type=float, default=10.0)
     ap.add_argument("--workers-per-process", type=int, default=256)
     ap.add_argument("--start-timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--burn", type=float, default=0.0, help="cores a side process keeps busy (at most 1)"
+    )
     ap.add_argument("--log-dir", type=Path, help="keep each configuration's jetfleet up log here")
     args = ap.parse_args(argv)
     configure_logging("warning")
