@@ -32,7 +32,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from base.connect import close_nats, connect_nats
 from base.consume import DeadLetters, Fetch, pull_loop
@@ -88,6 +88,14 @@ class PlannerMetrics:
             f"{ns}_decisions",
             "Decisions by role, action and first reason",
             ["model", "role", "action", "reason"],
+            registry=registry,
+        )
+        self.decision_seconds = Histogram(
+            f"{ns}_decision_seconds",
+            "Closing an interval: its messages folded, the fleet counted, the plan, the "
+            "decisions published",
+            ["model"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=registry,
         )
         self.interval_messages = Gauge(
@@ -185,6 +193,7 @@ class PlannerService:
         self.pending_ack = msg
 
     async def close_interval(self, ts_s: float) -> list[ScalingDecided]:
+        started = time.perf_counter()
         inp = self.collector.close()
         model, roles = self.cfg.model, self.cfg.roles
         obs = observation_for(
@@ -205,6 +214,7 @@ class PlannerService:
                 await self.pending_ack.ack()
             self.pending_ack = None
         self.metrics.record(self.cfg.model, decisions, inp)
+        self.metrics.decision_seconds.labels(model).observe(time.perf_counter() - started)
         self.intervals += 1
         for d in decisions:
             log.info(

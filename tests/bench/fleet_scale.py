@@ -12,18 +12,23 @@ unique tail (so the cached share shows whether the routers still find the caches
 observer counts what every frontend receives (registrations and heartbeats on the workers
 bucket, load reports) and reads every ``RequestObservation`` (its size on the wire, the route's
 decision time), and the indexer's lag is sampled (the KV stream's last sequence against the
-index's applied position). One JSON document: per configuration TTFT p50/p99, errors, cached
-share, route decision p50/p99, observation bytes, messages/s a frontend hears by kind, CPU
-seconds per request of every component (frontends, workers, indexer, nats-server, redis-server),
-RSS of nats-server and Redis, Redis memory, the indexer's lag, and how many times a judge found
-a live worker silent (``workers_expired``: its ``worker_expired`` warnings in ``jetfleet up``'s
-log; ``--log-dir`` keeps the logs).
+index's applied position). A dry-run ``jetfleet planner`` runs beside the fleet (it reads the
+metric stream and judges the heartbeats, as an autoscaled fleet's does) and its decision time
+per interval (``--planner-interval``) is read from its /metrics. One JSON document: per
+configuration TTFT p50/p99, errors, cached share, route decision p50/p99, observation bytes,
+messages/s a frontend hears by kind, CPU seconds per request of every component (frontends,
+workers, indexer, nats-server, redis-server; the planner's per second), RSS of nats-server and
+Redis, Redis memory, the indexer's lag, the planner's decision time, and how many times a judge
+found a live worker silent (``workers_expired``: its ``worker_expired`` warnings in ``jetfleet
+up``'s log; ``--log-dir`` keeps the logs). ``--burn C`` keeps C of a core busy in a side process
+(the control: a small fleet given the background a large one puts on the same two cores).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -34,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -332,6 +338,47 @@ def burner(cores: float) -> subprocess.Popen[bytes] | None:
     return subprocess.Popen([sys.executable, "-c", BURN, str(min(cores, 1.0))])
 
 
+def start_planner(run: Running, tmp: Path, args: argparse.Namespace) -> tuple[Any, int]:
+    """A dry-run planner beside the fleet (``up --no-planner`` packs its workers, which the
+    planner's local connector cannot): it reads the metric stream and judges the heartbeats as
+    an autoscaled fleet's does, and times each interval it closes."""
+    port = free_port()
+    argv = cli_command(
+        "planner", "--nats", run.nats_url, "--dry-run", "--interval", str(args.planner_interval),
+        "--metrics-port", str(port), "--log-level", "warning",
+    )  # fmt: skip
+    with (tmp / "planner.log").open("wb") as sink:
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
+    return proc, port
+
+
+def planner_figures(port: int, proc: Any, cpu_s: float, wall_s: float) -> dict[str, Any]:
+    """Decision time (``jetfleet_planner_decision_seconds``: mean, and the bucket its slowest
+    fell in) and the planner's CPU, from its /metrics."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError as exc:
+        return {"error": repr(exc), "alive": proc.poll() is None}
+    total = count = 0.0
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith("jetfleet_planner_decision_seconds_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("jetfleet_planner_decision_seconds_count"):
+            count = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("jetfleet_planner_decision_seconds_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(le), float(line.rsplit(" ", 1)[1])))
+    slowest = next((le for le, n in sorted(buckets) if n >= count), None) if count else None
+    return {
+        "intervals": int(count),
+        "decision_ms_mean": round(1000 * total / count, 2) if count else None,
+        "decision_ms_slowest_under": round(1000 * slowest, 2) if slowest is not None else None,
+        "cpu_per_s": round(cpu_s / wall_s, 3),
+    }
+
+
 def run_config(workers: int, frontends: int, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="jetfleet-fleet-scale-") as d:
         tmp = Path(d)
@@ -346,13 +393,27 @@ def run_config(workers: int, frontends: int, args: argparse.Namespace) -> dict[s
                     )
                 time.sleep(1.0)
             started = round(time.monotonic() - run.started_s, 1)
+            planner, planner_port = start_planner(run, tmp, args)
             burn = burner(args.burn)
             idle0 = cpu_by_kind(run.proc.pid)
             time.sleep(args.idle_seconds)
             idle1 = cpu_by_kind(run.proc.pid)
+            planner_cpu0, t_planner = cpu_seconds(planner.pid), time.monotonic()
             try:
                 row = uvloop.run(measure(run, args, seed=workers + frontends))
+                row["planner"] = planner_figures(
+                    planner_port,
+                    planner,
+                    cpu_seconds(planner.pid) - planner_cpu0,
+                    time.monotonic() - t_planner,
+                )
             finally:
+                planner.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    planner.wait(30)
+                if planner.poll() is None:
+                    planner.kill()
+                    planner.wait()
                 if burn is not None:
                     burn.kill()
                     burn.wait()
@@ -384,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speedup", type=float, default=10.0)
     ap.add_argument("--workers-per-process", type=int, default=256)
     ap.add_argument("--start-timeout", type=float, default=300.0)
+    ap.add_argument("--planner-interval", type=float, default=5.0, help="s between decisions")
     ap.add_argument(
         "--burn", type=float, default=0.0, help="cores a side process keeps busy (at most 1)"
     )

@@ -292,6 +292,7 @@ def test_fleet_scale_bench():
     d = run_bench(
         "fleet_scale", "--configs", "4x1,4x2", "--rate", "5", "--seconds", "2",
         "--idle-seconds", "1", "--prefixes", "4", "--workers-per-process", "2",
+        "--planner-interval", "0.5",
     )  # fmt: skip
     for row, frontends in zip(d["configs"], (1, 2), strict=True):
         assert (row["workers"], row["frontends"]) == (4, frontends)
@@ -299,4 +300,5 @@ def test_fleet_scale_bench():
         assert row["ttft_p50_ms"] > 0 and row["cached_share"] > 0
         assert row["route_decision_p50_us"] > 0 and row["observation_bytes_mean"] > 0
         assert row["cpu_per_request"]["frontend_ms"] > 0 and row["cpu_per_request"]["worker_ms"] > 0
-        assert row["frontend_hears_per_s"]
+        assert row["frontend_hears_per_s"] and row["workers_expired"] == 0
+        assert row["planner"]["intervals"] >= 1 and row["planner"]["decision_ms_mean"] > 0
