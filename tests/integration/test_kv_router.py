@@ -1,4 +1,5 @@
-"""KV routers over a real Redis: two frontends share reservations; choices follow the cache."""
+"""KV routers over a real Redis, one server and a 3-master Redis Cluster: two frontends share
+reservations; choices follow the cache; a large fleet is sampled."""
 
 from __future__ import annotations
 
@@ -21,10 +22,18 @@ def fleet(*workers: str) -> FleetState:
     return fleet_state(*(registration(w, num_gpu_blocks=1000) for w in workers))
 
 
+@pytest.fixture(params=["single", "cluster"])
+def index_url(request: pytest.FixtureRequest) -> str:
+    """Every router test on one redis-server and on a 3-master Redis Cluster."""
+    if request.param == "single":
+        return str(request.getfixturevalue("redis_url"))
+    return str(request.getfixturevalue("redis_cluster").url)
+
+
 @pytest.fixture
-async def two_frontends(redis_url):
+async def two_frontends(index_url):
     ns = f"jf:t{uuid.uuid4().hex[:8]}"
-    a, b = await connect_redis(redis_url), await connect_redis(redis_url)
+    a, b = await connect_redis(index_url), await connect_redis(index_url)
     yield KvRouter(RedisPrefixIndex(a, ns), seed=1), KvRouter(RedisPrefixIndex(b, ns), seed=2)
     await a.aclose()
     await b.aclose()
@@ -73,11 +82,11 @@ async def test_approx_router_keeps_prefix_affinity_without_events():
     assert won.overlap_blocks == 16
 
 
-async def test_a_large_fleet_is_sampled_and_its_holder_still_found(redis_url):
+async def test_a_large_fleet_is_sampled_and_its_holder_still_found(index_url):
     """300 workers: a route scores the sample and the holders of the prompt (not the fleet), the
     one holder of the whole prompt wins although it was not sampled, and the decision keeps the
     best few candidates, whatever the fleet's size."""
-    r = await connect_redis(redis_url)
+    r = await connect_redis(index_url)
     index = RedisPrefixIndex(r, f"jf:t{uuid.uuid4().hex[:8]}", writer=True)
     router = KvRouter(index, KvRouterConfig(sample=8, temperature=0), seed=4)
     workers = [f"w{i:03d}" for i in range(300)]
@@ -93,4 +102,5 @@ async def test_a_large_fleet_is_sampled_and_its_holder_still_found(redis_url):
     assert len(d.candidates) == OBSERVED_CANDIDATES
     assert d.candidates[0].worker_id == "w123" and d.candidates[0].overlap_blocks == 20
     await router.finished("req-big")
+    assert index.shards.n == (3 if index.shards.cluster else 1)  # one shard per cluster master
     await r.aclose()
