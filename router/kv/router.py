@@ -97,6 +97,9 @@ class KvRouterConfig:
     report every 250 ms, and the reservations in Redis are current on every route)."""
 
 
+POOL_STALE_ROUNDS = 4  # a pool this many refresh periods old is read on the route's path
+
+
 def _blocks(n_tokens: int, block_size: int) -> int:
     return -(-n_tokens // block_size)
 
@@ -180,10 +183,16 @@ class KvRouter:
         """The pool of a candidate list: built when the list is new (the fleet state keeps one
         while nobody joins or leaves), and read again in the background once its load figures
         are older than ``pool_refresh_s``, while routes go on with the one they have (a read
-        visits every candidate: not on a request's path)."""
+        visits every candidate: not on a request's path while routes keep coming). One older
+        than ``POOL_STALE_ROUNDS`` refreshes (routes paused) is read again before the route."""
         key = (model, id(candidates))  # the cached pool holds the list: its id is not reused
         found = self._pools.get(key)
-        if found is None or found.source is not candidates:
+        if (
+            found is None
+            or found.source is not candidates
+            or now - found.built_at >= POOL_STALE_ROUNDS * self.cfg.pool_refresh_s
+        ):  # new, or not read since routes paused: read now (a route after a pause must not
+            # go on with the loads of before it)
             return self._build_pool(key, model, candidates, now)
         if now - found.built_at >= self.cfg.pool_refresh_s and key not in self._refreshing:
             self._refreshing.add(key)
