@@ -237,9 +237,11 @@ async def _short_on_prefill_long_split(
     busy = threading.Thread(target=keep_decoding, daemon=True)
     busy.start()
     try:
-        # loaded enough that its cost is clearly the higher one (early in the stream the
-        # prefill worker's held blocks could tie it, and a tie is broken at random)
+        # loaded enough that its cost is clearly the higher one: decoding, and the prefill
+        # worker no longer holding the prompt's blocks for it (until the decode worker has
+        # pulled them, both report the prompt's blocks: a tie, broken at random)
         await wait_for(lambda: _decoding(fleet, decode_id, min_blocks=12), timeout=15)
+        await wait_for(lambda: _holding_nothing(fleet, prefill_id), timeout=15)
 
         def run() -> None:
             complete(both, f"short and fresh {time.time_ns()}")
@@ -268,6 +270,24 @@ async def _short_on_prefill_long_split(
         decode_id,
     )
     assert (kept.disagg, kept.worker_id) == ("local", decode_id)
+
+
+async def _holding_nothing(fleet: Fleet, worker_id: str) -> bool:
+    """The prefill worker's last load report shows no sequence and no block in use."""
+    import nats
+
+    from schemas import Subjects
+
+    nc = await nats.connect(fleet.nats_url)
+    try:
+        s = Subjects(fleet.prefix)
+        msg = await nc.jetstream().get_last_msg(
+            s.stream_name("METRICS"), s.metrics(MODEL, "prefill", worker_id)
+        )
+        load = decode(msg.data or b"", WorkerLoad)
+        return load.num_running == 0 and load.active_decode_blocks == 0
+    finally:
+        await nc.close()
 
 
 async def _decoding(fleet: Fleet, worker_id: str, min_blocks: int) -> bool:

@@ -58,6 +58,7 @@ async def test_a_nats_client_reading_by_the_contract_gets_the_undisturbed_answer
     # timeout moves the request (the resumed worker then takes the router's cancel)
     f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--ttl", "60"))
     paused: list[int] = []
+    old_indices: list[int] = []  # the old attempt's chunks the client has seen
     try:
         f.add_worker()
         f.add_worker()
@@ -67,12 +68,17 @@ async def test_a_nats_client_reading_by_the_contract_gets_the_undisturbed_answer
         s = Subjects(f.prefix)
 
         async def pause_then_deliver_late(chunk: TokenChunk) -> None:
+            if chunk.attempt == 0:
+                old_indices.append(chunk.index)
             if chunk.attempt == 0 and chunk.index == 2 and not paused:
                 child = f.group.children[chunk.worker_id.removeprefix(f"{f.prefix}-")]
                 paused.append(child.proc.pid)
                 os.kill(paused[0], signal.SIGSTOP)
             elif chunk.attempt == 1 and chunk.index == 0 and paused and paused[-1] > 0:
-                late = TokenChunk(chunk.request_id, 0, 3, token_ids=(7, 7, 7), text="???")
+                # the old attempt's next chunk (the paused worker may have sent more than the
+                # three this callback had seen when it paused it: a loaded machine's client lags)
+                nxt = max(old_indices) + 1
+                late = TokenChunk(chunk.request_id, 0, nxt, token_ids=(7, 7, 7), text="???")
                 await nc.publish(s.tok(chunk.request_id), encode(late))
                 os.kill(paused[0], signal.SIGCONT)
                 paused.append(-1)
