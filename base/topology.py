@@ -24,6 +24,7 @@ from schemas.streams import (
     BucketSpec,
     ConsumerSpec,
     ObjectStoreSpec,
+    ResponsesRetention,
     Storage,
     StreamSpec,
     fleet_topology,
@@ -154,10 +155,15 @@ async def _stream_info_or_none(js: JetStreamContext, name: str) -> api.StreamInf
 
 
 async def ensure_stream(
-    js: JetStreamContext, spec: StreamSpec, report: TopologyReport, keep_replicas: bool = False
+    js: JetStreamContext,
+    spec: StreamSpec,
+    report: TopologyReport,
+    keep_replicas: bool = False,
+    keep_retention: bool = True,
 ) -> None:
     """Create the stream, or bring it to ``spec``; ``keep_replicas``: an existing stream keeps
-    the replica count it has (what ``infra init --replicas`` chose)."""
+    the replica count it has (what ``infra init --replicas`` chose); ``keep_retention``: an
+    existing stream whose retention is the operator's keeps it."""
     want = stream_config(spec)
     info = await _stream_info_or_none(js, spec.name)
     if info is None:
@@ -171,6 +177,8 @@ async def ensure_stream(
     _check_storage(spec.name, info.config, _storage(spec.storage))
     if keep_replicas:
         want.num_replicas = info.config.num_replicas
+    if keep_retention and spec.operator_retention:  # what infra init set stays
+        want.max_age, want.max_bytes = info.config.max_age, info.config.max_bytes
     wanted = {k: getattr(want, k) for k in ("subjects", *_STREAM_MUTABLE)}
     diff = stream_differences(info.config, wanted)
     if not diff:
@@ -251,18 +259,22 @@ async def ensure_object_store(
 
 
 async def ensure_topology(
-    js: JetStreamContext, subjects: Subjects, replicas: int | None = None
+    js: JetStreamContext,
+    subjects: Subjects,
+    replicas: int | None = None,
+    responses: ResponsesRetention | None = None,
 ) -> TopologyReport:
     """Create or update every stream, bucket and object store of the fleet ``subjects`` names.
 
-    ``replicas``: what ``jetfleet infra init --replicas`` sets. Every component also calls this
-    on start with ``None``: what is missing is created with one replica, and what exists keeps
-    its replica count (a component must never turn a cluster's R3 streams into R1)."""
+    ``replicas``, ``responses``: what ``jetfleet infra init`` sets. Every component also calls
+    this on start with ``None``: what is missing is created with one replica (and the default
+    retention), and what exists keeps its replica count and an operator's retention (a
+    component must never turn a cluster's R3 streams into R1)."""
     keep = replicas is None
-    topo = fleet_topology(subjects, replicas or 1)
+    topo = fleet_topology(subjects, replicas or 1, responses)
     report = TopologyReport()
     for spec in topo.streams:
-        await ensure_stream(js, spec, report, keep)
+        await ensure_stream(js, spec, report, keep, keep_retention=responses is None)
     for bucket in topo.buckets:
         await ensure_bucket(js, bucket, report, keep)
     for store in topo.object_stores:

@@ -32,7 +32,7 @@ from schemas import (
     to_builtins,
 )
 from schemas.requests import submit_msg_id
-from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET
+from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, ResponsesRetention
 from schemas.token_reader import TokenReader
 
 # a one-shot command: a NATS that cannot be reached is an error after this many tries (0.5 s
@@ -40,10 +40,16 @@ from schemas.token_reader import TokenReader
 INIT_CONNECT_ATTEMPTS = 20
 
 
-async def infra_init(nats_url: str, subjects: Subjects, replicas: int, quiet: bool = False) -> int:
+async def infra_init(
+    nats_url: str,
+    subjects: Subjects,
+    replicas: int,
+    responses: ResponsesRetention | None = None,
+    quiet: bool = False,
+) -> int:
     nc = await connect_tool(nats_url, "jetfleet-infra-init", attempts=INIT_CONNECT_ATTEMPTS)
     try:
-        report = await ensure_topology(nc.jetstream(), subjects, replicas=replicas)
+        report = await ensure_topology(nc.jetstream(), subjects, replicas, responses)
     finally:
         await nc.close()
     if not quiet:

@@ -30,6 +30,9 @@ class StreamSpec:
     max_consumers: int = -1
     """Consumers the stream allows at most; -1: the server's default (nats-server 2.15 and
     later: 1,000, its ``default_max_consumers``; unlimited before)."""
+    operator_retention: bool = False
+    """``max_age`` and ``max_bytes`` are the operator's (``infra init`` sets them): a component
+    starting creates the stream with the defaults but never changes those of one that exists."""
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,24 @@ MAX_REQUEST_CONSUMERS = 16384  # workers' own consumers (and those of workers go
 WORKERS_BUCKET = "workers"
 HEARTBEATS_BUCKET = "heartbeats"
 MODELS_BUCKET = "models"
+RUNNING_RESPONSES_BUCKET = "responses_running"
 MODEL_FILES_STORE = "model_files"
 KV_SNAPSHOT_STORE = "kv_snapshots"
 
 
-def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
+@dataclass(frozen=True)
+class ResponsesRetention:
+    """How long stored responses are kept, and how many bytes of them at most (the oldest go
+    first). OpenAI keeps stored responses 30 days."""
+
+    max_age: timedelta = timedelta(days=30)
+    max_bytes: int = 8 << 30
+
+
+def fleet_topology(
+    subjects: Subjects, replicas: int = 1, responses: ResponsesRetention | None = None
+) -> FleetTopology:
+    responses = responses or ResponsesRetention()
     s = subjects
     p = s.prefix
     streams = (
@@ -135,6 +151,16 @@ def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
             replicas=replicas,
         ),
         StreamSpec(
+            name=s.stream_name("RESPONSES"),
+            subjects=(s.resp_all(),),
+            description="Stored responses (object, input items) and background responses' "
+            "events; an operator sets the retention (infra init --responses-max-age/-bytes)",
+            max_age=responses.max_age,
+            max_bytes=responses.max_bytes,
+            replicas=replicas,
+            operator_retention=True,
+        ),
+        StreamSpec(
             name=s.stream_name("DLQ"),
             subjects=(s.dlq_all(),),
             description="Dead letters: messages a consumer could not decode or process",
@@ -157,6 +183,12 @@ def fleet_topology(subjects: Subjects, replicas: int = 1) -> FleetTopology:
             "by the judges of liveness, not by every frontend",
             ttl=timedelta(seconds=30),
             storage="memory",
+            replicas=replicas,
+        ),
+        BucketSpec(
+            name=s.bucket_name(RUNNING_RESPONSES_BUCKET),
+            description="Background responses in progress: the frontend running each and its "
+            "lease (another frontend takes over one whose lease ran out)",
             replicas=replicas,
         ),
         BucketSpec(

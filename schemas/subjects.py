@@ -164,6 +164,25 @@ class Subjects:
         """Core NATS: a judge of workers' liveness says it is there, every second."""
         return f"{self.prefix}.judges"
 
+    # stored and background responses (router/frontend/responses_store.py)
+    def resp(self, kind: str, response_id: str) -> str:
+        """``kind``: ``obj`` (the response object, its latest state), ``in`` (its input items),
+        ``run`` (what a frontend needs to run it again: the engine request and the body),
+        ``ev`` (a background response's stream events, in order), ``cancel`` (a cancel asked
+        of a background response: kept, and heard by the frontend running it)."""
+        return f"{self.prefix}.resp.{_token(kind, 'kind')}.{_token(response_id, 'response id')}"
+
+    def resp_of(self, response_id: str) -> str:
+        """Every subject of one response (a purge filter)."""
+        return f"{self.prefix}.resp.*.{_token(response_id, 'response id')}"
+
+    def resp_cancels(self) -> str:
+        """Every background response's cancel (the frontends running them listen)."""
+        return f"{self.prefix}.resp.cancel.*"
+
+    def resp_all(self) -> str:
+        return f"{self.prefix}.resp.>"
+
     # names derived from the prefix (streams and buckets are per fleet too)
     def stream_name(self, base: str) -> str:
         """``FLEET_REQUESTS`` for prefix ``fleet``; ``TEAM_A_REQUESTS`` for ``team-a``."""

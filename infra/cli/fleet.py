@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from infra.cli.components import CLIENT, DISAGG, add_common, add_engine, add_routing
@@ -13,6 +14,7 @@ from infra.cli.planner_args import add_planner_args
 from infra.packing import AUTO, PACK_FROM, PACK_SIZE, auto_per_process
 from schemas import Subjects
 from schemas.control import CONTROL_OPS
+from schemas.streams import ResponsesRetention
 
 COMMANDS = ("up", "servers", "infra", "publish", "status", "ctl")
 
@@ -128,6 +130,19 @@ def add_commands(sub: Any) -> None:
     init.add_argument(
         "--replicas", type=int, default=1, help="stream replicas (3 on a NATS cluster)"
     )
+    init.add_argument(
+        "--responses-max-age-days",
+        type=float,
+        default=None,
+        help="keep stored responses this long (default: as set, else 30 days)",
+    )
+    init.add_argument(
+        "--responses-max-gib",
+        type=float,
+        default=None,
+        help="keep at most this many GiB of stored responses, the oldest dropped first "
+        "(default: as set, else 8)",
+    )
 
     pub = sub.add_parser("publish", help="submit a request over NATS only and stream the answer")
     add_common(pub)
@@ -176,7 +191,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
     if args.cmd == "infra":
         from infra.tools import infra_init
 
-        return int(runner(infra_init(args.nats, subjects, args.replicas)))
+        return int(runner(infra_init(args.nats, subjects, args.replicas, _retention(args))))
     if args.cmd == "publish":
         from infra.tools import publish
 
@@ -245,3 +260,15 @@ def _packing_problem(args: argparse.Namespace) -> str:
     if args.engine != "mocker":
         return "--workers-per-process above 1 packs mocker workers only (--engine mocker)"
     return ""
+
+
+def _retention(args: argparse.Namespace) -> ResponsesRetention | None:
+    """The stored responses' retention ``infra init`` was given (None: keep what is set)."""
+    days, gib = args.responses_max_age_days, args.responses_max_gib
+    if days is None and gib is None:
+        return None
+    default = ResponsesRetention()
+    return ResponsesRetention(
+        timedelta(days=days) if days is not None else default.max_age,
+        int(gib * (1 << 30)) if gib is not None else default.max_bytes,
+    )
