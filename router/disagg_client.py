@@ -339,11 +339,11 @@ class DisaggGeneration:
             return None
         return answer
 
-    async def cancel(self, reason: str = "client_disconnected") -> None:
+    async def cancel(self, reason: str = "client_disconnected", stop_worker: bool = True) -> None:
         if self._prefill is not None:
-            await self._prefill.cancel(reason)
+            await self._prefill.cancel(reason, stop_worker)
         if self._decode is not None:
-            await self._decode.cancel(reason)
+            await self._decode.cancel(reason, stop_worker)
         elif self._prefill is None and self.prefill_worker_id:
             await self.owner.release_prefill(self.prefill_worker_id, self.request_id)
         if self._decode is None:

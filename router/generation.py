@@ -196,14 +196,17 @@ class Generation:
         chunk = error_chunk(nxt.request_id, nxt.attempt, 0, error)
         return msgspec.structs.replace(chunk, generated_before=nxt.num_generated_before)
 
-    async def cancel(self, reason: str = "client_disconnected") -> None:
+    async def cancel(self, reason: str = "client_disconnected", stop_worker: bool = True) -> None:
         """Stop the worker and let the request go (its reservation, in-flight count and
-        subscription too, also when it was never iterated). The caller stops iterating."""
+        subscription too, also when it was never iterated). The caller stops iterating.
+        ``stop_worker=False``: let the request go here only (another process has taken it over
+        and runs it on: a cancel would stop its attempt too)."""
         if self.done:
             return
         self.stream.end()
         try:
-            await self._dispatch.cancel(self.request_id, reason)
+            if stop_worker:
+                await self._dispatch.cancel(self.request_id, reason)
         finally:
             await self._dispatch.release(self.request_id, self.worker_id)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -41,6 +41,7 @@ from schemas import ModelCard, Request
 log = structlog.get_logger("jetfleet.frontend")
 
 ShapeFor = Callable[[str, int], ResponseShape]  # (response id, prompt tokens) -> the shape
+OnRequests = Callable[[list[Request]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,10 @@ class Serving:
         params: GenerationParams,
         shape_for: ShapeFor,
         size_hint: int,
+        on_requests: OnRequests | None = None,
     ) -> None:
+        """``on_requests``: hears the engine requests before they are sent (a background
+        response keeps them, so another frontend can take it over)."""
         accepted = time.monotonic()
         model, lora = self.resolve(creq.model)
         served = self.served(model)
@@ -124,6 +128,8 @@ class Serving:
         special = served.tokenizer.special_tokens
         keep_special = any(m in special for o in outputs[:1] for m in o.markers)
         requests = _requests(model, lora, rid, prompt, params, max_tokens, keep_special)
+        if on_requests is not None:
+            await on_requests(requests)
         gens = await self.submit(model, rid, requests, card.block_size, call.traceparent)
         echo = None
         if params.echo and isinstance(creq, CompletionRequest):
@@ -132,15 +138,44 @@ class Serving:
             Choice(g, StopMatcher(params.stop), o, echo=echo)
             for g, o in zip(gens, outputs, strict=True)
         ]
+        run = self._choices(choices, served, endpoint, creq.model, params, prompt.length)
+        shape = shape_for(rid, prompt.length)
+        await self._run(call, endpoint, creq.model, run, params, shape, accepted)
+
+    async def resume(
+        self,
+        call: asgi.Call,
+        endpoint: Endpoint,
+        creq: ChatCompletionRequest,
+        params: GenerationParams,
+        shape: ResponseShape,
+        gen: AnyGeneration,
+    ) -> None:
+        """Run a request another frontend started (``gen``: its generation as taken over, from
+        its first chunk): its one choice through the same output path as ``generate``."""
+        model, _lora = self.resolve(creq.model)
+        served = self.served(model)
+        call.ctx.update(request_id=gen.request_id, model=creq.model, prompt_tokens=gen.prompt_len)
+        choice = Choice(gen, StopMatcher(params.stop), _choice_output(served.card, params, True))
+        run = self._choices([choice], served, endpoint, creq.model, params, gen.prompt_len)
+        await self._run(call, endpoint, creq.model, run, params, shape, time.monotonic())
+
+    def _choices(
+        self,
+        choices: list[Choice],
+        served: ServedModel,
+        endpoint: Endpoint,
+        label: str,
+        params: GenerationParams,
+        prompt_len: int,
+    ) -> Choices:
         lp = None
         sampling = params.sampling
         if sampling.logprobs is not None or sampling.prompt_logprobs is not None:
             lp = LogprobsAsk(
                 sampling.logprobs, sampling.prompt_logprobs, endpoint.chat, served.token_text
             )
-        run = Choices(choices, prompt.length, lp, self.metrics.itl_observer(creq.model))
-        shape = shape_for(rid, prompt.length)
-        await self._run(call, endpoint, creq.model, run, params, shape, accepted)
+        return Choices(choices, prompt_len, lp, self.metrics.itl_observer(label))
 
     async def _prompt(
         self,
@@ -180,8 +215,9 @@ class Serving:
                     await run.collect(call.send, shape)
         except asyncio.CancelledError:
             status = "cancelled"
+            handed_over = bool(call.ctx.get("handed_over"))  # another frontend runs it on
             for c in choices:
-                await c.gen.cancel()
+                await c.gen.cancel(stop_worker=not handed_over)
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()

@@ -26,9 +26,10 @@ from router.frontend.output import ChoiceOutput, Delta, OutCall
 from router.frontend.shapes import FullChoice, ResponseShape, usage_body
 from router.frontend.stops import StopMatcher
 from router.generation import Generation
+from router.takeover import TakenOver
 from schemas import TokenChunk
 
-AnyGeneration = Generation | DisaggGeneration
+AnyGeneration = Generation | DisaggGeneration | TakenOver
 Event = tuple[int, Delta, str | None, Any]  # choice index, delta, finish reason, its logprobs
 
 
