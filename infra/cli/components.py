@@ -171,6 +171,7 @@ FRONTEND = ConfigFlags(
     "retry_after_s",
     "max_body_mb",
     "access_log",
+    "responses_lease_s",
     title="HTTP",
 )
 

@@ -5,7 +5,9 @@ Routes (``ROUTES``):
 
     POST /v1/chat/completions        chat.py           OpenAI chat completions
     POST /v1/completions             completions.py    OpenAI completions (text, ids, embeds)
-    POST /v1/responses               responses_api.py  OpenAI Responses
+    POST /v1/responses               responses_endpoints.py  OpenAI Responses
+    *    /v1/responses/{id}[/...]    responses_endpoints.py  stored responses: GET, DELETE,
+                                     GET .../input_items, POST .../cancel
     POST /v1/messages                anthropic.py      Anthropic Messages
     POST /v1/messages/count_tokens   anthropic.py      Anthropic token counting
     POST /v1/embeddings              embeddings.py     OpenAI embeddings
@@ -38,13 +40,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from base.tracing import Span, Tracing
 from router.disagg_client import DisaggClient
 from router.discovery import Discovery
-from router.frontend import anthropic, asgi, chat, completions, embeddings, responses_api
+from router.frontend import anthropic, asgi, chat, completions, embeddings
 from router.frontend.errors import OpenAIError
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.observe import Observer
+from router.frontend.responses_background import BackgroundRunner
+from router.frontend.responses_endpoints import Responses
+from router.frontend.responses_store import ResponsesStore
 from router.frontend.serving import Serving
 from router.frontend.shapes import encode
 from router.frontend.tokenize import PromptTokenizer, TokenizeConfig, TokenizeMetrics
+from router.generation import Generation
+from schemas import Request
 
 log = structlog.get_logger("jetfleet.frontend")
 access_log = structlog.get_logger("jetfleet.access")
@@ -62,6 +69,9 @@ class FrontendConfig:
     """Tokenizing lanes and the prompt prefix cache (``router/frontend/tokenize.py``)."""
     access_log: bool = True
     """One log line per /v1 request: id, model, status, latency, tokens, worker, attempts."""
+    responses_lease_s: float = 10.0
+    """A background response this frontend runs is taken over by another this long after the
+    frontend stops renewing its lease (it died, or was cut off)."""
 
 
 Handler = Callable[["Frontend", asgi.Call], Awaitable[None]]
@@ -106,8 +116,28 @@ class Frontend:
         self.tokenizer = PromptTokenizer(cfg.tokenize, TokenizeMetrics(metrics.registry))
         observer = Observer(self.nc, client.subjects, metrics, frontend_id)
         self.serving = Serving(discovery, client, metrics, self.tokenizer, observer)
+        store = ResponsesStore(client.nc, client.subjects)
+
+        async def start_request(request: Request) -> Generation:
+            fleet = client.agg if client.state.candidates(request.model, "agg") else client.decode
+            return await fleet.generate(request)
+
+        runner = BackgroundRunner(
+            store,
+            frontend_id,
+            client.agg.cancel,
+            start_request,
+            cfg.max_body_mb,
+            lease_s=cfg.responses_lease_s,
+        )
+        self.responses = Responses(self.serving, store, runner)
+
+    async def start(self) -> None:
+        """The background work: the background responses' leases (``responses_background``)."""
+        await self.responses.runner.start()
 
     async def close(self) -> None:
+        await self.responses.runner.stop()
         await self.tokenizer.stop()
 
     async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
@@ -140,6 +170,8 @@ class Frontend:
             scope, receive, send_with_id, ctx, traceparent, started, self.cfg.max_body_mb
         )
         route = ROUTES.get(path)
+        if route is None and path.startswith("/v1/responses/"):
+            route = STORED_RESPONSES
         try:
             await self._dispatch(call, route, path, method)
         finally:
@@ -199,6 +231,13 @@ class Frontend:
             headers.append((b"retry-after", str(self.cfg.retry_after_s).encode()))
         body = anthropic.error_body(err) if path.startswith("/v1/messages") else err.body()
         await asgi.send_json(send, err.status, body, headers)
+
+    # ---- the Responses API (responses_endpoints.py)
+    async def create_response(self, call: asgi.Call) -> None:
+        await self.responses.create(call)
+
+    async def stored_response(self, call: asgi.Call) -> None:
+        await self.responses.stored(call)
 
     # ---- the operations endpoints
     async def models(self, call: asgi.Call) -> None:
@@ -289,7 +328,7 @@ class Frontend:
 ROUTES: dict[str, Route] = {
     "/v1/chat/completions": Route(_api(chat.serve), counted_as="chat"),
     "/v1/completions": Route(_api(completions.serve), counted_as="completions"),
-    "/v1/responses": Route(_api(responses_api.serve), counted_as="responses"),
+    "/v1/responses": Route(Frontend.create_response, counted_as="responses"),
     "/v1/messages": Route(_api(anthropic.serve), counted_as="messages"),
     "/v1/messages/count_tokens": Route(_api(anthropic.count_tokens), wrong_method=404),
     "/v1/embeddings": Route(_api(embeddings.serve)),
@@ -299,6 +338,9 @@ ROUTES: dict[str, Route] = {
     "/metrics": Route(Frontend.prometheus, None),
     "/discovery/prometheus": Route(Frontend.scrape_targets, ("GET",), 404),
 }
+
+
+STORED_RESPONSES = Route(Frontend.stored_response, None)  # /v1/responses/{id}[/...]
 
 
 def _header(scope: asgi.Scope, name: bytes) -> str | None:

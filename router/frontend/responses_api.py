@@ -1,4 +1,4 @@
-"""OpenAI Responses (``POST /v1/responses``) on the chat path. Pure.
+"""OpenAI Responses (``POST /v1/responses``): the request, and the chat request it means. Pure.
 
 The body is translated into the chat request it means: ``instructions`` become the system
 message; ``input`` is a text or a list of items (messages with ``input_text`` / ``output_text``
@@ -8,9 +8,7 @@ parts, ``function_call`` and ``function_call_output`` items of an earlier turn);
 ``output`` holds a ``reasoning`` item, a ``message`` item and one ``function_call`` item per
 call, or, streamed, the ``response.*`` events that build it (each with its ``sequence_number``).
 
-``reasoning.effort`` becomes the chat ``reasoning_effort`` (to the chat template). Responses are
-not stored: ``previous_response_id`` and ``background`` are refused (send the whole conversation
-in ``input``), ``store`` is accepted and has no effect (the response says ``store: false``);
+``reasoning.effort`` becomes the chat ``reasoning_effort`` (to the chat template).
 ``truncation`` other than ``disabled`` and ``include`` other than the output text's logprobs are
 refused. The body is decoded into typed structs (``ResponsesRequest``); its response shape is
 ``responses_shape.py``.
@@ -19,38 +17,20 @@ refused. The body is decoded into typed structs (``ResponsesRequest``); its resp
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
 
-from router.frontend import asgi
 from router.frontend.errors import OpenAIError, decode_body
 from router.frontend.openai_protocol import (
     ChatCompletionRequest,
     ChatMessage,
     FunctionCall,
     ToolCall,
-    check_chat_request,
 )
-from router.frontend.params import chat_generation_params
-from router.frontend.responses_shape import ResponsesShape
-from router.frontend.serving import Endpoint, Serving
 
-ENDPOINT = Endpoint("responses", "resp", chat=True)
 INCLUDABLE = ("message.output_text.logprobs",)
-
-
-async def serve(call: asgi.Call, serving: Serving) -> None:
-    """``POST /v1/responses``."""
-    body = await call.body()
-    original = parse_responses_request(body)
-    creq = check_chat_request(to_chat_request(original))
-
-    def shape(rid: str, _prompt_len: int) -> ResponsesShape:
-        return ResponsesShape(rid, int(time.time()), creq.model, original)
-
-    await serving.generate(call, ENDPOINT, creq, chat_generation_params(creq), shape, len(body))
 
 
 def _bad(param: str, message: str) -> OpenAIError:
@@ -122,9 +102,9 @@ class ResponsesRequest(msgspec.Struct):
     reasoning: Reasoning | None = None
     include: list[str] | None = None
     metadata: dict[str, Any] | None = None
-    store: bool | None = None  # accepted, without effect: nothing is stored
-    previous_response_id: str | None = None  # refused
-    background: bool | None = None  # refused
+    store: bool | None = None  # None: stored (as OpenAI's default)
+    previous_response_id: str | None = None  # a stored response this one continues
+    background: bool | None = None  # answered at once, run with no client attached
     truncation: str | None = None  # disabled only
 
 
@@ -148,14 +128,19 @@ _ROLES: dict[str, Literal["user", "assistant", "system", "developer"]] = {
 }
 
 
-def _input(items: str | list[Item] | None) -> list[ChatMessage]:
+def _history_item(item: dict[str, Any]) -> Item:
+    return msgspec.convert(item, Item, strict=False)
+
+
+def _input(items: str | list[Item] | None, earlier: Sequence[Item] = ()) -> list[ChatMessage]:
     if isinstance(items, str):
-        return [ChatMessage("user", items)]
+        items = [Item(role="user", content=items)]
     if not items:
         raise _bad("input", "input must be a text or a non-empty list of items")
     out: list[ChatMessage] = []
-    for i, item in enumerate(items):
-        param = f"input[{i}]"
+    n = len(earlier)
+    for i, item in enumerate([*earlier, *items]):
+        param = f"input[{i - n}]" if i >= n else "previous_response_id"
         if item.type == "message":
             role = _ROLES.get(item.role or "")
             if role is None:
@@ -211,24 +196,20 @@ def parse_responses_request(body: bytes) -> ResponsesRequest:
     return decode_body(body, _decoder)
 
 
-def to_chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+def to_chat_request(
+    req: ResponsesRequest, history: Sequence[dict[str, Any]] = ()
+) -> ChatCompletionRequest:
     """The chat completions request a Responses request means (``check_chat_request`` then
-    validates it as any chat request)."""
-    if req.previous_response_id:
-        raise _bad(
-            "previous_response_id",
-            "previous_response_id is not supported: this server stores no responses; send the "
-            "whole conversation in input",
-        )
-    if req.background:
-        raise _bad("background", "background responses are not supported: nothing is stored")
+    validates it as any chat request); ``history``: the input items of the conversation its
+    ``previous_response_id`` continues (``responses_items.conversation``)."""
     if req.truncation not in (None, "disabled"):
         raise _bad(
             "truncation", "truncation must be 'disabled' (a prompt that does not fit is a 400)"
         )
     if any(i not in INCLUDABLE for i in req.include or ()):
         raise _bad("include", f"include may only hold {', '.join(INCLUDABLE)}")
-    messages = _input(req.input)
+    earlier = [_history_item(item) for item in history]
+    messages = _input(req.input, earlier)
     if req.instructions:
         messages.insert(0, ChatMessage("system", req.instructions))
     if req.model is None:

@@ -33,11 +33,20 @@ def _usage(usage: dict[str, Any]) -> dict[str, Any]:
 class ResponsesShape:
     """A Responses answer: the ``response`` object, or the events that build it (one choice)."""
 
-    def __init__(self, rid: str, created: int, model: str, request: ResponsesRequest) -> None:
-        self.id = "resp_" + rid.split("-", 1)[-1]
+    def __init__(
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        request: ResponsesRequest,
+        stored: bool = False,
+    ) -> None:
+        self.id = response_id
         self.created = created
         self.model = model
         self.request = request
+        self.stored = stored
+        self.final: dict[str, Any] | None = None  # the whole response, once made
         self._seq = 0
         self._items: list[dict[str, Any]] = []  # output items so far (streaming)
         self._open: dict[str, Any] | None = None  # the item text is streamed into
@@ -76,9 +85,15 @@ class ResponsesShape:
                 else {"effort": None, "summary": None}
             ),
             "metadata": req.metadata or {},
-            "store": False,
+            "store": self.stored,
+            "background": bool(req.background),
+            "previous_response_id": req.previous_response_id,
             "usage": usage,
         }
+
+    def snapshot(self, status: str) -> dict[str, Any]:
+        """The response object before any output (``queued``, ``in_progress``)."""
+        return self._response(status, [], None)
 
     def _event(self, kind: str, data: dict[str, Any]) -> bytes:
         self._seq += 1
@@ -174,6 +189,7 @@ class ResponsesShape:
         if self._failed:
             return out
         response = self._response("completed", self._items, _usage(usage))
+        self.final = response
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return out + self._event(kind, {"response": response})
 
@@ -191,7 +207,8 @@ class ResponsesShape:
             item["content"][0]["logprobs"] = c.logprobs or []
             output.append(item | {"status": "completed"})
         output += [_call_item(call, "completed") for call in c.calls]
-        return encode(self._response("completed", output, _usage(usage)))
+        self.final = self._response("completed", output, _usage(usage))
+        return encode(self.final)
 
 
 def _given(value: Any, default: Any) -> Any:

@@ -106,6 +106,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         router=cfg.stack.router,
         frontend_id=cfg.frontend_id,
     )
+    await app.start()
     try:
         await server.serve(sockets=[sock])
     finally:

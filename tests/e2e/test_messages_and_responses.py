@@ -243,8 +243,10 @@ def test_responses_text_format_json_schema(client):
 
 
 def test_responses_refusals(client):
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+    with pytest.raises(openai.NotFoundError, match="resp_1"):
         client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
+    with pytest.raises(openai.BadRequestError, match="store"):
+        client.responses.create(model=MODEL, input="x", background=True, store=False)
     with pytest.raises(openai.BadRequestError, match="web_search"):
         client.responses.create(model=MODEL, input="x", tools=[{"type": "web_search"}])
 

@@ -311,7 +311,6 @@ def test_a_responses_body_means_this_chat_request() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"model": "m", "input": []}, "input"),
         ({"model": "m", "input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
         ({"model": "m", "input": [{"type": "computer_call"}]}, "input[0].type"),
@@ -321,7 +320,6 @@ def test_a_responses_body_means_this_chat_request() -> None:
         ),
         ({"model": "m", "input": "x", "tools": [{"type": "file_search"}]}, "tools[0].type"),
         ({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
-        ({"model": "m", "input": "x", "background": True}, "background"),
         ({"model": "m", "input": "x", "truncation": "auto"}, "truncation"),
         ({"model": "m", "input": "x", "include": ["file_search_call.results"]}, "include"),
         ({"model": "m", "input": "x", "reasoning": "high"}, "reasoning"),
@@ -334,7 +332,7 @@ def test_bad_responses_bodies_name_the_field(body: dict[str, Any], param: str) -
 
 
 def test_a_streamed_response_builds_its_items_in_order() -> None:
-    shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest(max_output_tokens=9))
+    shape = ResponsesShape("resp_r1", 5, "m", ResponsesRequest(max_output_tokens=9))
     stream = shape.start(1)
     stream += shape.delta_chunk(0, Delta(reasoning="think"), None)
     stream += shape.delta_chunk(0, Delta(content="Hi"), None, [{"token": "Hi", "logprob": -1.0}])
@@ -372,7 +370,7 @@ def test_a_streamed_response_builds_its_items_in_order() -> None:
 
 
 def test_a_whole_response_cut_by_length_is_incomplete() -> None:
-    shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest())
+    shape = ResponsesShape("resp_r1", 5, "m", ResponsesRequest())
     shape.finish("length", None)
     body = json.loads(shape.full([FullChoice("Hi", "length", "why")], USAGE))
     assert body["status"] == "incomplete"
@@ -384,7 +382,7 @@ def test_a_whole_response_cut_by_length_is_incomplete() -> None:
 def test_logprobs_of_held_back_text_reach_the_message_with_the_text() -> None:
     """A parser may hold a token's text back (a possible marker): its logprobs go out with the
     text when it comes, never dropped."""
-    shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest())
+    shape = ResponsesShape("resp_r1", 5, "m", ResponsesRequest())
     stream = shape.start(1)
     stream += shape.delta_chunk(0, Delta(), None, [{"token": "<", "logprob": -0.5}])
     stream += shape.delta_chunk(0, Delta(content="<b"), None, [{"token": "b", "logprob": -0.1}])
@@ -450,12 +448,12 @@ def test_a_streamed_response_is_the_whole_one_and_every_event_is_typed(answer) -
     from pydantic import TypeAdapter
 
     adapter = TypeAdapter(ResponseStreamEvent)
-    got = events(_streamed(ResponsesShape("resp-r1", 5, "m", ResponsesRequest()), answer))
+    got = events(_streamed(ResponsesShape("resp_r1", 5, "m", ResponsesRequest()), answer))
     for _, e in got:
         adapter.validate_python(e, strict=True)
     streamed = got[-1][1]["response"]
     Response.model_validate(streamed, strict=True)
-    whole_shape = ResponsesShape("resp-r1", 5, "m", ResponsesRequest())
+    whole_shape = ResponsesShape("resp_r1", 5, "m", ResponsesRequest())
     whole_shape.finish(answer.reason, None)
     whole = json.loads(
         whole_shape.full([FullChoice(**{**answer.__dict__, "logprobs": None})], USAGE)
