@@ -28,6 +28,7 @@ class EngineRequest:
     task: str = "generate"  # "embed": no tokens, the final output carries the embedding
     dimensions: int | None = None
     prompt_embeds: bytes | None = None  # the prompt as a torch.save'd tensor (vLLM only)
+    priority: int = 0  # lower first, where the engine schedules by priority
 
     @classmethod
     def from_request(cls, req: Request) -> EngineRequest:

@@ -68,6 +68,7 @@ VLLM = ConfigFlags(
     Flag("block_size", default=None),  # the mocker's flag: resolved by engine
     "max_num_seqs",
     "max_num_batched_tokens",
+    "scheduling_policy",
     "tensor_parallel_size",
     "gpu_memory_utilization",
     "max_model_len",

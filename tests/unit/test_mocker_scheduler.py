@@ -456,3 +456,32 @@ def test_recomputing_a_one_token_prompt_and_its_token_is_a_prefill() -> None:
     again = next(s for s in run.steps[preempted_at + 1 :] if s.num_prefill_tokens)
     assert (again.num_prefill_tokens, again.num_decode_seqs) == (2, 0)  # both recomputed
     assert run.tokens == {"y": expected_tokens(y), "x": expected_tokens(x)}
+
+
+def test_a_lower_priority_value_is_admitted_first_and_preempted_last() -> None:
+    """As vLLM's priority policy: the waiting queue is ordered by priority (FIFO among equals),
+    and room is made by preempting the newest of the lowest priority."""
+    from dataclasses import replace
+
+    sched = make_scheduler(max_num_seqs=1)
+    batch = [replace(make_request(f"b{i}", prompt(6, 100 * i)), priority=1) for i in range(2)]
+    urgent = make_request("urgent", prompt(6, 900))
+    for r in (*batch, urgent):
+        sched.add_request(r)
+    assert [s.request_id for s in sched.waiting] == ["urgent", "b0", "b1"]
+    first = sched.step()
+    assert [o.request_id for o in first.outputs] == ["urgent"]
+
+    # 8 blocks: two sequences that grow to 5 blocks each cannot both stay; the batch one goes
+    # although it was admitted first
+    sched = make_scheduler(num_gpu_blocks=8, max_num_seqs=2)
+    low = replace(make_request("low", prompt(8, 0), 12), priority=1)
+    high = make_request("high", prompt(8, 500), 12)
+    sched.add_request(low)
+    sched.add_request(high)
+    run = Run()
+    while not any(s.preempted for s in run.steps):
+        record_step(sched, run)
+    assert run.steps[-1].preempted == ("low",)
+    run_until_idle(sched, run=run)
+    assert run.tokens == {r.request_id: expected_tokens(r) for r in (low, high)}

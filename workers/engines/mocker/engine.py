@@ -188,6 +188,7 @@ class MockerEngine:
                 hold=hold,
                 stop_token_ids=frozenset(sp.stop_token_ids),
                 min_tokens=sp.min_tokens,
+                priority=request.priority,
             )
         )
         if hold:

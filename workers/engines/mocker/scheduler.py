@@ -156,7 +156,20 @@ class Scheduler:
         if self._never_fits(len(req.prompt_token_ids) + req.max_tokens - 1):
             self._rejected.append(seq)
         else:
-            self.waiting.append(seq)
+            self._enqueue(seq, front=False)
+
+    def _enqueue(self, seq: Sequence, front: bool) -> None:
+        """Into the waiting queue by priority (lower first): behind its equals (a new one), or
+        ahead of them (a preempted one)."""
+        waiting, p = self.waiting, seq.req.priority
+        if not waiting or (not front and waiting[-1].req.priority <= p):
+            waiting.append(seq)  # the common case: everyone at one priority
+            return
+        for i, other in enumerate(waiting):
+            if other.req.priority > p or (front and other.req.priority == p):
+                waiting.insert(i, seq)
+                return
+        waiting.append(seq)
 
     def _never_fits(self, kv_tokens: int) -> bool:
         """More KV than the pool, or (without chunked prefill) a recompute above the budget."""
@@ -325,16 +338,26 @@ class Scheduler:
             if blocks is not None:
                 seq.block_ids.extend(blocks)
                 return True
-            victim = self.running.pop()
+            victim = self._victim()
             self._preempt(victim)
             preempted.append(victim.request_id)
             if victim is seq:
                 return False
 
+    def _victim(self) -> Sequence:
+        """The sequence preempted for room: the newest of the lowest priority (the newest of
+        all when every one has the same)."""
+        running = self.running
+        worst = max(s.req.priority for s in running)
+        for i in range(len(running) - 1, -1, -1):
+            if running[i].req.priority == worst:
+                return running.pop(i)
+        return running.pop()
+
     def _preempt(self, seq: Sequence) -> None:
         self.pool.free(seq.block_ids)
         seq.reset_for_recompute()
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, front=True)
         self._preempted_total += 1
 
     def _schedule_waiting(self, budget: int, scheduled: list[tuple[Sequence, int]]) -> None:

@@ -69,6 +69,9 @@ class VllmEngineConfig:
     """Sequences in the running batch at most (also the worker's admission limit)."""
     max_num_batched_tokens: int | None = None
     """Tokens per engine step at most (None: vLLM's default)."""
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """vLLM's: ``priority`` schedules by each request's ``priority`` (the Batch API's lines
+    after interactive requests); ``fcfs`` ignores it."""
     dtype: str = "auto"
     quantization: str | None = None
     enforce_eager: bool | None = None
@@ -169,6 +172,7 @@ def engine_args_kwargs(
         "enable_prefix_caching": True,
         "disable_log_stats": False,
         "enable_sleep_mode": cfg.enable_sleep_mode and not on_cpu,  # vLLM refuses it on a CPU
+        "scheduling_policy": cfg.scheduling_policy,
     }
     optional = {
         "max_model_len": cfg.max_model_len,

@@ -98,6 +98,7 @@ class _Running:
     logprobs: int | None = None  # asked per generated token (top k)
     prompt: tuple[int, ...] | None = None  # kept until vLLM returns its prompt logprobs
     prompt_logprobs: int = 0
+    priority: int = 0  # the request's (vLLM's priority scheduling policy)
 
 
 class VllmEngine:
@@ -256,6 +257,7 @@ class VllmEngine:
         sp = request.sampling
         run = _Running(rid, f"{rid}-{next(self._ids)}", sink, num_prompt)
         run.logprobs = sp.logprobs
+        run.priority = request.priority
         if sp.prompt_logprobs is not None:
             run.prompt, run.prompt_logprobs = tuple(request.token_ids), sp.prompt_logprobs
         self._running[rid] = run
@@ -272,9 +274,17 @@ class VllmEngine:
         return self._backend.lora_request(loaded.name, loaded.lora_id, loaded.path)
 
     async def _generate(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
+        # vLLM refuses a priority unless it schedules by priority
+        by_priority = self.config.scheduling_policy == "priority"
+        extra = {"priority": run.priority} if by_priority and run.priority else {}
+
         def start(llm: Any) -> Any:
             return llm.generate(
-                prompt=prompt, sampling_params=params, request_id=run.vllm_id, lora_request=lora
+                prompt=prompt,
+                sampling_params=params,
+                request_id=run.vllm_id,
+                lora_request=lora,
+                **extra,
             )
 
         await self._drive(run, start, self._deliver)
