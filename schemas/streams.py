@@ -85,14 +85,16 @@ WORKERS_BUCKET = "workers"
 HEARTBEATS_BUCKET = "heartbeats"
 MODELS_BUCKET = "models"
 RUNNING_RESPONSES_BUCKET = "responses_running"
+RUNNING_BATCHES_BUCKET = "batches_running"
+FILES_STORE = "files"
 MODEL_FILES_STORE = "model_files"
 KV_SNAPSHOT_STORE = "kv_snapshots"
 
 
 @dataclass(frozen=True)
 class ResponsesRetention:
-    """How long stored responses are kept, and how many bytes of them at most (the oldest go
-    first). OpenAI keeps stored responses 30 days."""
+    """How long stored responses (and the Batch API's batches) are kept, and how many bytes of
+    them at most (the oldest go first). OpenAI keeps stored responses 30 days."""
 
     max_age: timedelta = timedelta(days=30)
     max_bytes: int = 8 << 30
@@ -161,6 +163,17 @@ def fleet_topology(
             operator_retention=True,
         ),
         StreamSpec(
+            name=s.stream_name("BATCHES"),
+            subjects=(s.batch_all(),),
+            description="The Batch API: files' metadata, batches' objects, each line's answer "
+            "(one message each, deduped by custom_id) and cancels; file contents are in the "
+            "files object store",
+            max_age=responses.max_age,
+            max_bytes=responses.max_bytes,
+            replicas=replicas,
+            operator_retention=True,
+        ),
+        StreamSpec(
             name=s.stream_name("DLQ"),
             subjects=(s.dlq_all(),),
             description="Dead letters: messages a consumer could not decode or process",
@@ -192,6 +205,11 @@ def fleet_topology(
             replicas=replicas,
         ),
         BucketSpec(
+            name=s.bucket_name(RUNNING_BATCHES_BUCKET),
+            description="Batches in progress: the frontend running each and its lease",
+            replicas=replicas,
+        ),
+        BucketSpec(
             name=s.bucket_name(MODELS_BUCKET),
             description="Model cards",
             replicas=replicas,
@@ -201,6 +219,11 @@ def fleet_topology(
         ObjectStoreSpec(
             name=s.bucket_name(MODEL_FILES_STORE),
             description="Tokenizer files referenced by model cards",
+            replicas=replicas,
+        ),
+        ObjectStoreSpec(
+            name=s.bucket_name(FILES_STORE),
+            description="The Batch API's files (input JSONL, output and error files)",
             replicas=replicas,
         ),
         ObjectStoreSpec(

@@ -183,6 +183,18 @@ class Subjects:
     def resp_all(self) -> str:
         return f"{self.prefix}.resp.>"
 
+    # the Batch API (router/frontend/batch_store.py)
+    def batch(self, kind: str, ident: str) -> str:
+        """``kind``: ``file`` (a file's object), ``obj`` (a batch's object), ``out`` (its lines'
+        answers, one message each), ``cancel`` (a cancel asked of it)."""
+        return f"{self.prefix}.batch.{_token(kind, 'kind')}.{_token(ident, 'id')}"
+
+    def batch_kind_all(self, kind: str) -> str:
+        return f"{self.prefix}.batch.{_token(kind, 'kind')}.*"
+
+    def batch_all(self) -> str:
+        return f"{self.prefix}.batch.>"
+
     # names derived from the prefix (streams and buckets are per fleet too)
     def stream_name(self, base: str) -> str:
         """``FLEET_REQUESTS`` for prefix ``fleet``; ``TEAM_A_REQUESTS`` for ``team-a``."""

@@ -172,7 +172,9 @@ FRONTEND = ConfigFlags(
     "retry_after_s",
     "max_body_mb",
     "access_log",
-    "responses_lease_s",
+    "max_file_mb",
+    "batch_concurrency",
+    "takeover_lease_s",
     title="HTTP",
 )
 

@@ -8,6 +8,8 @@ Routes (``ROUTES``):
     POST /v1/responses               responses_endpoints.py  OpenAI Responses
     *    /v1/responses/{id}[/...]    responses_endpoints.py  stored responses: GET, DELETE,
                                      GET .../input_items, POST .../cancel
+    *    /v1/files[/{id}[/content]]  batch_service.py  the Batch API's files
+    *    /v1/batches[/{id}[/cancel]] batch_service.py  the Batch API
     POST /v1/messages                anthropic.py      Anthropic Messages
     POST /v1/messages/count_tokens   anthropic.py      Anthropic token counting
     POST /v1/embeddings              embeddings.py     OpenAI embeddings
@@ -41,6 +43,8 @@ from base.tracing import Span, Tracing
 from router.disagg_client import DisaggClient
 from router.discovery import Discovery
 from router.frontend import anthropic, asgi, chat, completions, embeddings
+from router.frontend.batch_service import BatchService
+from router.frontend.batch_store import BatchStore
 from router.frontend.errors import OpenAIError
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.observe import Observer
@@ -69,9 +73,13 @@ class FrontendConfig:
     """Tokenizing lanes and the prompt prefix cache (``router/frontend/tokenize.py``)."""
     access_log: bool = True
     """One log line per /v1 request: id, model, status, latency, tokens, worker, attempts."""
-    responses_lease_s: float = 10.0
-    """A background response this frontend runs is taken over by another this long after the
-    frontend stops renewing its lease (it died, or was cut off)."""
+    max_file_mb: float = 100.0
+    """Largest Batch API file accepted (413 above)."""
+    batch_concurrency: int = 16
+    """Lines of one batch in flight at once on the frontend running it."""
+    takeover_lease_s: float = 10.0
+    """A background response or a batch this frontend runs is taken over by another this long
+    after the frontend stops renewing its lease (it died, or was cut off)."""
 
 
 Handler = Callable[["Frontend", asgi.Call], Awaitable[None]]
@@ -128,15 +136,30 @@ class Frontend:
             client.agg.cancel,
             start_request,
             cfg.max_body_mb,
-            lease_s=cfg.responses_lease_s,
+            lease_s=cfg.takeover_lease_s,
         )
         self.responses = Responses(self.serving, store, runner)
+        self.batch = BatchService(
+            BatchStore(client.nc, client.subjects),
+            frontend_id,
+            self._batch_line,
+            cfg.batch_concurrency,
+            cfg.max_file_mb,
+            lease_s=cfg.takeover_lease_s,
+        )
+
+    async def _batch_line(self, call: asgi.Call) -> None:
+        """A Batch API line through the route its url names (its errors as their JSON)."""
+        path = call.scope["path"]
+        await self._dispatch(call, ROUTES.get(path), path, "POST")
 
     async def start(self) -> None:
         """The background work: the background responses' leases (``responses_background``)."""
         await self.responses.runner.start()
+        await self.batch.start()
 
     async def close(self) -> None:
+        await self.batch.stop()
         await self.responses.runner.stop()
         await self.tokenizer.stop()
 
@@ -170,8 +193,8 @@ class Frontend:
             scope, receive, send_with_id, ctx, traceparent, started, self.cfg.max_body_mb
         )
         route = ROUTES.get(path)
-        if route is None and path.startswith("/v1/responses/"):
-            route = STORED_RESPONSES
+        if route is None:
+            route = _by_prefix(path)
         try:
             await self._dispatch(call, route, path, method)
         finally:
@@ -238,6 +261,12 @@ class Frontend:
 
     async def stored_response(self, call: asgi.Call) -> None:
         await self.responses.stored(call)
+
+    async def files(self, call: asgi.Call) -> None:
+        await self.batch.files(call)
+
+    async def batches(self, call: asgi.Call) -> None:
+        await self.batch.batches(call)
 
     # ---- the operations endpoints
     async def models(self, call: asgi.Call) -> None:
@@ -332,6 +361,8 @@ ROUTES: dict[str, Route] = {
     "/v1/messages": Route(_api(anthropic.serve), counted_as="messages"),
     "/v1/messages/count_tokens": Route(_api(anthropic.count_tokens), wrong_method=404),
     "/v1/embeddings": Route(_api(embeddings.serve)),
+    "/v1/files": Route(Frontend.files, ("GET", "POST")),
+    "/v1/batches": Route(Frontend.batches, ("GET", "POST")),
     "/v1/models": Route(Frontend.models, ("GET",), 404),
     "/health": Route(Frontend.health, None),
     "/ready": Route(Frontend.ready, None),
@@ -340,7 +371,15 @@ ROUTES: dict[str, Route] = {
 }
 
 
-STORED_RESPONSES = Route(Frontend.stored_response, None)  # /v1/responses/{id}[/...]
+PREFIXES = (  # routes with an id in the path: the handler reads the rest
+    ("/v1/responses/", Route(Frontend.stored_response, None)),
+    ("/v1/files/", Route(Frontend.files, None)),
+    ("/v1/batches/", Route(Frontend.batches, None)),
+)
+
+
+def _by_prefix(path: str) -> Route | None:
+    return next((route for prefix, route in PREFIXES if path.startswith(prefix)), None)
 
 
 def _header(scope: asgi.Scope, name: bytes) -> str | None:

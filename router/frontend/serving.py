@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import msgspec
 import structlog
 
 from model.structured import problem as mocker_problem
@@ -128,6 +129,8 @@ class Serving:
         special = served.tokenizer.special_tokens
         keep_special = any(m in special for o in outputs[:1] for m in o.markers)
         requests = _requests(model, lora, rid, prompt, params, max_tokens, keep_special)
+        if call.ctx.get("priority"):  # a Batch API line: after interactive requests
+            requests = [msgspec.structs.replace(r, priority=call.ctx["priority"]) for r in requests]
         if on_requests is not None:
             await on_requests(requests)
         gens = await self.submit(model, rid, requests, card.block_size, call.traceparent)

@@ -165,7 +165,7 @@ def test_a_background_response_survives_the_death_of_its_frontend(two):
     # a short lease (2 s) and an answer that outlasts it (3,000 tokens, ~5 s): the taker finds
     # the first attempt still generating, stops it and continues from what it published
     url = f.start_frontend(
-        "--router", "round-robin", "--responses-lease", "2",
+        "--router", "round-robin", "--takeover-lease", "2",
         name="frontend-doomed", port=free_port(),
     )  # fmt: skip
     doomed = openai_client(url)
