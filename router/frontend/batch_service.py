@@ -451,6 +451,7 @@ class BatchService:
                         )
                     except Exception as exc:  # taken over: let it go here
                         log.warning("batch_lease_lost", batch_id=bid, error=str(exc))
+                        run.stop.set()
                         run.task.cancel()
             now = _now_ms()
             for bid, (held, revision) in list(self.leases.items()):

@@ -302,3 +302,15 @@ def test_fleet_scale_bench():
         assert row["cpu_per_request"]["frontend_ms"] > 0 and row["cpu_per_request"]["worker_ms"] > 0
         assert row["frontend_hears_per_s"] and row["workers_expired"] == 0
         assert row["planner"]["intervals"] >= 1 and row["planner"]["decision_ms_mean"] > 0
+
+
+def test_batch_beside_bench():
+    d = run_bench(
+        "batch_beside", "--workers", "2", "--seconds", "2", "--capacity-concurrency", "8",
+        "--capacity-requests", "40", "--batch-lines", "30", "--batch-output-tokens", "4",
+        "--output-tokens", "8",
+    )  # fmt: skip
+    assert d["capacity_rps"] > 0 and d["alone"]["errors"] == 0 and d["beside"]["errors"] == 0
+    assert d["alone"]["ttft_p99_ms"] > 0 and d["beside"]["ttft_p99_ms"] > 0
+    assert d["batch"]["status"] == "completed"
+    assert d["batch"]["request_counts"] == {"total": 30, "completed": 30, "failed": 0}

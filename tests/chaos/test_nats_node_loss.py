@@ -15,6 +15,8 @@ import httpx
 import pytest
 
 from base.connect import connect_nats
+from schemas import Subjects
+from schemas.streams import fleet_topology
 from tests.support.nats_cluster import NatsCluster
 from tests.support.up import running_up
 from tests.support.wait import wait_for
@@ -39,7 +41,9 @@ async def test_a_nats_node_killed_under_load_loses_no_request(
             nc = await connect_nats(cluster.url, name="test-replicas")
             try:
                 mine = await nc.jetstream().streams_info()
-                assert len(mine) == 11 and {i.config.num_replicas for i in mine} == {3}, [
+                topo = fleet_topology(Subjects())
+                every = len(topo.streams) + len(topo.buckets) + len(topo.object_stores)
+                assert len(mine) == every and {i.config.num_replicas for i in mine} == {3}, [
                     (i.config.name, i.config.num_replicas) for i in mine
                 ]
             finally:
