@@ -97,7 +97,10 @@ class ResponsesRetention:
     them at most (the oldest go first). OpenAI keeps stored responses 30 days."""
 
     max_age: timedelta = timedelta(days=30)
-    max_bytes: int = 8 << 30
+    max_bytes: int = -1
+    """-1: bounded by age only. A byte bound is reserved against the server's JetStream storage
+    when the stream is created (every fleet on a NATS server reserves its own): set one for a
+    fleet whose responses could outgrow the disk within ``max_age``."""
 
 
 def fleet_topology(

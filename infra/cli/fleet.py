@@ -140,8 +140,8 @@ def add_commands(sub: Any) -> None:
         "--responses-max-gib",
         type=float,
         default=None,
-        help="keep at most this many GiB of stored responses, the oldest dropped first "
-        "(default: as set, else 8)",
+        help="keep at most this many GiB of stored responses (and of batches), the oldest "
+        "dropped first; reserved on the NATS server (default: as set, else no byte bound)",
     )
 
     pub = sub.add_parser("publish", help="submit a request over NATS only and stream the answer")

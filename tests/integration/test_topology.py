@@ -166,3 +166,23 @@ async def test_pull_consumer_delivers(js: JetStreamContext, subjects: Subjects) 
     (msg,) = await sub.fetch(1, timeout=2)
     assert msg.data == b"req"
     await msg.ack()
+
+
+async def test_the_responses_retention_is_the_operators(
+    js: JetStreamContext, subjects: Subjects
+) -> None:
+    """``infra init --responses-max-age-days/--responses-max-gib`` sets the stored responses'
+    and batches' retention; a component starting (no retention given) keeps it."""
+    from schemas.streams import ResponsesRetention
+
+    await ensure_topology(js, subjects)
+    names = [subjects.stream_name("RESPONSES"), subjects.stream_name("BATCHES")]
+    for name in names:
+        cfg = (await js.stream_info(name)).config
+        assert (cfg.max_age, cfg.max_bytes) == (timedelta(days=30).total_seconds(), -1)
+    chosen = ResponsesRetention(timedelta(days=7), 1 << 30)
+    await ensure_topology(js, subjects, replicas=1, responses=chosen)
+    await ensure_topology(js, subjects)  # a component starting
+    for name in names:
+        cfg = (await js.stream_info(name)).config
+        assert (cfg.max_age, cfg.max_bytes) == (timedelta(days=7).total_seconds(), 1 << 30)
