@@ -388,9 +388,12 @@ async def backlog(run: Run, events: int) -> dict[str, Any]:
         for _ in range(env.groups)
     ]
     ix = CpuClock({f"indexer-{i}": x.pid for i, x in enumerate(ixs)})  # from their start
+    started_by = time.monotonic() + 120.0
     while True:  # the first group of batches applied
         if await env.positions() != pos0:
             break
+        if time.monotonic() > started_by:  # a clear failure, not a hang
+            raise TimeoutError("the indexers applied nothing of the backlog within 120 s")
         await asyncio.sleep(0.005)
     t_first = time.monotonic()
     t_done = await env.wait_applied(seqs)

@@ -13,7 +13,7 @@ import pytest
 
 from base.connect import connect_nats
 from infra.command import cli_command
-from schemas import RequestObservation, Subjects, decode
+from schemas import RequestObservation, Subjects, TokenChunk, decode
 from tests.support.clients import sse_events, subscribed
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
@@ -119,7 +119,10 @@ async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
         texts: list[str] = []
         usage = None
         killed = False
-        async with client.stream("POST", f"{slow_fleet.base_url}/v1/completions", json=body) as r:
+        rid = f"migrate-{time.time_ns()}"  # its chunks say which worker serves it
+        headers = {"x-request-id": rid}
+        url = f"{slow_fleet.base_url}/v1/completions"
+        async with client.stream("POST", url, json=body, headers=headers) as r:
             async for event in sse_events(r):
                 if event["choices"]:
                     texts.append(event["choices"][0]["text"])
@@ -127,8 +130,7 @@ async def test_worker_killed_mid_stream_request_migrates(slow_fleet):
                     usage = event["usage"]
                 if not killed and len(texts) >= 3:
                     killed = True
-                    serving = await _serving_worker(slow_fleet)
-                    slow_fleet.kill(serving)
+                    slow_fleet.kill(await _worker_of(slow_fleet, f"cmpl-{rid}"))
         await wait_for(lambda: len(obs.items) >= 1, timeout=10)
     assert usage is not None and usage["completion_tokens"] == body["max_tokens"]
     assert obs.items[-1].attempts == 2 and obs.items[-1].status == "ok"
@@ -202,6 +204,18 @@ async def test_a_queue_longer_than_the_stall_timeout_is_waited_for_not_migrated(
         assert [o.attempts for o in obs.items] == [1] * 6
     finally:
         f.stop()
+
+
+async def _worker_of(fleet: Fleet, request_id: str) -> str:
+    """The worker that published the request's newest token chunk (FLEET_TOKENS): the one
+    serving it, whatever the other workers' last load reports say."""
+    s = Subjects(fleet.prefix)
+    nc = await connect_nats(fleet.nats_url, name="test-worker-of")
+    try:
+        msg = await nc.jetstream().get_last_msg(s.stream_name("TOKENS"), s.tok(request_id))
+        return decode(msg.data or b"", TokenChunk).worker_id
+    finally:
+        await nc.close()
 
 
 async def _serving_worker(fleet: Fleet) -> str:
