@@ -44,6 +44,7 @@ from router.frontend.batch_lines import (
 )
 from router.frontend.batch_store import BatchStore
 from router.frontend.errors import OpenAIError
+from router.frontend.leases import follow_leases
 from router.frontend.shapes import encode
 
 log = structlog.get_logger("jetfleet.batches")
@@ -428,15 +429,7 @@ class BatchService:
 
     async def _watch(self) -> None:
         assert self._kv is not None
-        async for entry in await self._kv.watchall():
-            if entry is None:
-                continue
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self.leases.pop(entry.key, None)
-                continue
-            with contextlib.suppress(msgspec.DecodeError):
-                lease = msgspec.msgpack.decode(entry.value, type=Lease)
-                self.leases[entry.key] = (lease, int(entry.revision or 0))
+        await follow_leases(self._kv, Lease, self.leases)
 
     async def _keep(self) -> None:
         last_renew = 0.0

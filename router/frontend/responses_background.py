@@ -34,13 +34,14 @@ from nats.js.kv import KeyValue
 
 from router.frontend import asgi
 from router.frontend.errors import OpenAIError
+from router.frontend.leases import follow_leases
 from router.frontend.responses_store import (
     TERMINAL_EVENTS,
     Lease,
     ResponsesStore,
     RunRecord,
 )
-from router.takeover import TakenOver, TakeoverError, answer_so_far, next_request
+from router.takeover import TakenOver, answer_so_far, next_request
 from schemas import Request
 
 log = structlog.get_logger("jetfleet.responses")
@@ -83,7 +84,6 @@ class EventSink:
     http_status: int = 200
     error_body: bytes = b""
     _buf: bytes = b""
-    mismatches: int = 0
 
     async def __call__(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
@@ -156,7 +156,6 @@ class BackgroundRunner:
     take_over_work: TakeOverWork | None = None  # set by the endpoints (responses_endpoints.py)
     _kv: KeyValue | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    taken_over: int = 0
 
     async def start(self) -> None:
         self._kv = await self.store.running()
@@ -264,16 +263,7 @@ class BackgroundRunner:
 
     async def _watch(self) -> None:
         assert self._kv is not None
-        watcher = await self._kv.watchall()
-        async for entry in watcher:
-            if entry is None:
-                continue
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self.leases.pop(entry.key, None)
-                continue
-            with contextlib.suppress(msgspec.DecodeError):
-                lease = msgspec.msgpack.decode(entry.value, type=Lease)
-                self.leases[entry.key] = (lease, int(entry.revision or 0))
+        await follow_leases(self._kv, Lease, self.leases)
 
     async def _keep(self) -> None:
         last_renew = 0.0
@@ -311,7 +301,6 @@ class BackgroundRunner:
                 continue
             self.leases[rid] = (mine, new_revision)
             log.info("background_response_taking_over", response_id=rid, was=lease.frontend_id)
-            self.taken_over += 1
             await self._take_over(rid, mine, new_revision)
 
     async def _take_over(self, response_id: str, lease: Lease, revision: int) -> None:
@@ -338,6 +327,3 @@ class BackgroundRunner:
         nxt = next_request(request, reader)
         live = await self.start_request(nxt) if nxt is not None else None
         return TakenOver(request, reader.chunks, live)
-
-
-__all__ = ["BackgroundRunner", "EventSink", "TakeoverError", "background_call"]
