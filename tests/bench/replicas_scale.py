@@ -107,6 +107,10 @@ def run_one(
         start_cpu = {f"worker-{i}": round(cpu_seconds(p.pid), 2) for i, p in enumerate(procs)}
         start_cpu["nats-server"] = round(cpu_seconds(nats.pid), 2)
         registered = asyncio.run(_registered(nats.url, prefix))
+        look_until = time.monotonic() + 10.0  # a read of the bucket on a loaded machine can
+        while sum(registered.values()) < workers and time.monotonic() < look_until:  # lag
+            time.sleep(0.2)
+            registered = asyncio.run(_registered(nats.url, prefix))
         time.sleep(settle_s)
         pids = {f"worker-{i}": p.pid for i, p in enumerate(procs)}
         pids |= {"nats-server": nats.pid, "redis-server": redis.pid}
