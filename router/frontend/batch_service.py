@@ -50,6 +50,7 @@ from router.frontend.shapes import encode
 log = structlog.get_logger("jetfleet.batches")
 
 BATCH_PRIORITY = 1
+LINE_TRIES = 4  # a line answered 5xx is sent again this many times in all
 LEASE_S = 10.0
 CHECK_S = 1.0
 COUNTS_EVERY_S = 0.5  # the batch object's request_counts are put at most this often
@@ -385,7 +386,11 @@ class BatchService:
             error = {"error": {"message": message, "type": "invalid_request_error"}}
             return result_line(line.custom_id, 400, error, request_id)
         body = json.dumps(line.body).encode()
-        status, answer = await _line_call(self.dispatch, endpoint, body, request_id)
+        for attempt in range(LINE_TRIES):  # a 5xx (a worker killed, no worker yet) is retried
+            status, answer = await _line_call(self.dispatch, endpoint, body, request_id)
+            if status < 500 or attempt == LINE_TRIES - 1:
+                break
+            await asyncio.sleep(0.5 * (attempt + 1))
         return result_line(line.custom_id, status, answer, request_id)
 
     async def _counts(self, batch_id: str) -> dict[str, int]:
