@@ -174,6 +174,8 @@ FRONTEND = ConfigFlags(
     "access_log",
     "max_file_mb",
     "batch_concurrency",
+    "batch_pace",
+    "batch_ttft_slack",
     "takeover_lease_s",
     title="HTTP",
 )

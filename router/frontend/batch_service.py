@@ -4,7 +4,8 @@
 ``max_file_mb``); ``POST /v1/batches`` validates it (``batch_lines.validate``: a bad file fails
 the batch, naming its lines) and runs it on the frontend that took it, under a lease
 (``batches_running``) that the frontend renews: its lines go through the same endpoints as HTTP
-requests (chat completions, completions, embeddings, responses), ``concurrency`` at a time, at
+requests (chat completions, completions, embeddings, responses), at most ``concurrency`` in
+flight on the frontend, fewer while the interactive requests slow down (``batch_pace.py``), at
 ``priority`` 1 (after interactive requests, on engines that schedule by priority); each answer is
 stored as it comes (``batch_store.py``). A line the API refuses is a line of the error file with
 its status and error object, not a failed batch. When the frontend dies, another takes the batch
@@ -42,6 +43,7 @@ from router.frontend.batch_lines import (
     split_results,
     validate,
 )
+from router.frontend.batch_pace import BatchPace
 from router.frontend.batch_store import BatchStore
 from router.frontend.errors import OpenAIError
 from router.frontend.leases import follow_leases
@@ -54,6 +56,8 @@ LINE_TRIES = 4  # a line answered 5xx is sent again this many times in all
 LEASE_S = 10.0
 CHECK_S = 1.0
 COUNTS_EVERY_S = 0.5  # the batch object's request_counts are put at most this often
+PACE_WINDOW_S = 1.0  # the pace's window
+LAG_EVERY_S = 0.05  # the event loop's lag is sampled this often
 
 # (call) -> None: an HTTP request through the frontend's own routes (errors as their JSON)
 Dispatch = Callable[[asgi.Call], Awaitable[None]]
@@ -130,6 +134,11 @@ class BatchService:
     concurrency: int = 16
     max_file_mb: float = 100.0
     lease_s: float = LEASE_S
+    pace: BatchPace | None = None  # None: always ``concurrency`` lines in flight
+    in_flight: int = 0  # lines in flight, all batches on this frontend
+    _room: asyncio.Event = field(default_factory=asyncio.Event)
+    _busy_from: float = 0.0  # monotonic: more than the pace's quiet lines in flight since
+    _busy_until: float = 0.0  # monotonic: when the last such stretch ended
     running: dict[str, _Running] = field(default_factory=dict)
     leases: dict[str, tuple[Lease, int]] = field(default_factory=dict)
     _kv: KeyValue | None = None
@@ -141,6 +150,8 @@ class BatchService:
             asyncio.create_task(self._watch(), name="batch-leases"),
             asyncio.create_task(self._keep(), name="batch-keeper"),
         ]
+        if self.pace is not None:
+            self._tasks.append(asyncio.create_task(self._follow_pace(), name="batch-pace"))
         await self.store.nc.subscribe(
             self.store.subjects.batch_kind_all("cancel"), cb=self._on_cancel
         )
@@ -203,7 +214,7 @@ class BatchService:
         ctype = next((v.decode() for k, v in call.scope["headers"] if k == b"content-type"), "")
         if not ctype.startswith("multipart/form-data"):
             raise _bad("file", "upload a file as multipart/form-data (fields file and purpose)")
-        form = multipart_form(ctype, body)
+        form = await asyncio.to_thread(multipart_form, ctype, body)  # off the event loop
         purpose = form.get("purpose", (None, b""))[1].decode()
         if purpose != "batch":
             raise _bad("purpose", "purpose must be 'batch' (the files this server keeps)")
@@ -282,7 +293,7 @@ class BatchService:
         if not isinstance(file_id, str) or await self.store.get_file(file_id) is None:
             raise _not_found("file", str(file_id))
         content = await self.store.file_content(file_id) or b""
-        lines, errors = validate(content, endpoint)
+        lines, errors = await asyncio.to_thread(validate, content, endpoint)
         obj = batch_object(
             new_id("batch_"), endpoint, file_id, "24h", req.get("metadata"), len(lines)
         )
@@ -354,7 +365,7 @@ class BatchService:
         if await self.store.cancel_asked(batch_id):
             return
         content = await self.store.file_content(obj["input_file_id"]) or b""
-        lines, _ = validate(content, obj["endpoint"])
+        lines, _ = await asyncio.to_thread(validate, content, obj["endpoint"])
         answered = {r["custom_id"] for r in await self.store.results(batch_id)}
         counts = await self._counts(batch_id)
         todo = [line for line in lines if line.custom_id not in answered]
@@ -366,8 +377,15 @@ class BatchService:
 
         async def worker() -> None:
             while not queue.empty() and not stop.is_set():
-                line = queue.get_nowait()
-                result = await self._answer(obj["endpoint"], line)
+                if not await self._take_room(stop):
+                    return
+                try:
+                    if queue.empty():
+                        return
+                    line = queue.get_nowait()
+                    result = await self._answer(obj["endpoint"], line)
+                finally:
+                    self._give_room()
                 if stop.is_set() and result["response"]["status_code"] == 0:
                     return  # stopped in flight: no answer (a taker runs it again)
                 await self.store.put_result(batch_id, result)
@@ -378,6 +396,54 @@ class BatchService:
                     await self.store.put_batch(obj | {"request_counts": dict(counts)})
 
         await asyncio.gather(*(worker() for _ in range(min(self.concurrency, len(todo)) or 1)))
+
+    def _limit(self) -> int:
+        return min(self.pace.lines, self.concurrency) if self.pace else self.concurrency
+
+    async def _take_room(self, stop: asyncio.Event) -> bool:
+        """A place for one more line in flight (False: the batch stopped meanwhile)."""
+        while self.in_flight >= self._limit():
+            if stop.is_set():
+                return False
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), CHECK_S)
+        if stop.is_set():
+            return False
+        self.in_flight += 1
+        if self.pace is not None and self.in_flight == self.pace.quiet_lines + 1:
+            self._busy_from = time.monotonic()
+        return True
+
+    def _give_room(self) -> None:
+        self.in_flight -= 1
+        self._room.set()
+        if self.pace is not None and self.in_flight == self.pace.quiet_lines:
+            self._busy_until = time.monotonic()
+
+    def interactive_ttft(self, accepted: float, first_at: float) -> None:
+        """An interactive request's first token (monotonic times), for the pace: quiet when no
+        more than the pace's quiet lines were in flight from ``accepted`` to ``first_at``."""
+        if self.pace is None:
+            return
+        busy_now = self.in_flight > self.pace.quiet_lines
+        quiet = self._busy_until < accepted and (not busy_now or self._busy_from > first_at)
+        self.pace.ttft(first_at - accepted, quiet)
+
+    async def _follow_pace(self) -> None:
+        """Sample the event loop's lag; once a window, let the pace set the lines in flight."""
+        assert self.pace is not None
+        loop = asyncio.get_running_loop()
+        window_ends = loop.time() + PACE_WINDOW_S
+        while True:
+            before = loop.time()
+            await asyncio.sleep(LAG_EVERY_S)
+            now = loop.time()
+            self.pace.lag((now - before - LAG_EVERY_S) * 1000)
+            if now >= window_ends:
+                window_ends = now + PACE_WINDOW_S
+                self.pace.window()
+                self._room.set()
 
     async def _answer(self, endpoint: str, line: Line) -> dict[str, Any]:
         request_id = new_id("")
@@ -407,7 +473,8 @@ class BatchService:
         now = int(time.time())
         obj = obj | {"status": "finalizing", "finalizing_at": now}
         await self.store.put_batch(obj)
-        out, err, ok, failed = split_results(await self.store.results(batch_id))
+        results = await self.store.results(batch_id)
+        out, err, ok, failed = await asyncio.to_thread(split_results, results)
         files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
         for key, content, name in (
             ("output_file_id", out, f"{batch_id}_output.jsonl"),

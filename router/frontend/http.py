@@ -43,6 +43,7 @@ from base.tracing import Span, Tracing
 from router.disagg_client import DisaggClient
 from router.discovery import Discovery
 from router.frontend import anthropic, asgi, chat, completions, embeddings
+from router.frontend.batch_pace import BatchPace
 from router.frontend.batch_service import BatchService
 from router.frontend.batch_store import BatchStore
 from router.frontend.errors import OpenAIError
@@ -76,7 +77,13 @@ class FrontendConfig:
     max_file_mb: float = 100.0
     """Largest Batch API file accepted (413 above)."""
     batch_concurrency: int = 16
-    """Lines of one batch in flight at once on the frontend running it."""
+    """Batch API lines in flight at most on this frontend (all the batches it runs)."""
+    batch_pace: bool = True
+    """Fewer batch lines in flight while the interactive requests' time to first token rises
+    above its quiet level, or the frontend's event loop lags (``batch_pace.py``)."""
+    batch_ttft_slack: float = 0.05
+    """How far above its quiet level the interactive median time to first token may rise
+    before the batch lines back off."""
     takeover_lease_s: float = 10.0
     """A background response or a batch this frontend runs is taken over by another this long
     after the frontend stops renewing its lease (it died, or was cut off)."""
@@ -146,7 +153,12 @@ class Frontend:
             cfg.batch_concurrency,
             cfg.max_file_mb,
             lease_s=cfg.takeover_lease_s,
+            pace=(
+                BatchPace(cfg.batch_concurrency, cfg.batch_ttft_slack) if cfg.batch_pace else None
+            ),
         )
+        if self.batch.pace is not None:
+            self.serving.on_first_token = self.batch.interactive_ttft
 
     async def _batch_line(self, call: asgi.Call) -> None:
         """A Batch API line through the route its url names (its errors as their JSON)."""

@@ -73,6 +73,8 @@ class Serving:
         self.metrics = metrics
         self.observer = observer
         self.active = 0  # generation requests in progress in this process
+        # hears each interactive request's (not a Batch API line's) acceptance and first token
+        self.on_first_token: Callable[[float, float], None] | None = None
         # an idle frontend tokenizes small prompts inline (tokenize.py)
         self.prompts = Prompts(tokenizer, idle=lambda: self.active == 0)
 
@@ -237,6 +239,10 @@ class Serving:
                 worker_id=",".join(c.gen.worker_id for c in choices),
                 attempts=max((c.gen.attempts for c in choices), default=0),
             )
+            if self.on_first_token is not None and not call.ctx.get("priority"):
+                for c in choices:
+                    if c.first_at:
+                        self.on_first_token(accepted, c.first_at)
             await self.observer.generated(model, choices, accepted, run.prompt_len, status)
 
     async def submit(
