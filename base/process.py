@@ -132,18 +132,23 @@ class Restarter:
         return noticed
 
 
-def _terminate(child: Child, timeout_s: float) -> int | None:
-    proc = child.proc
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float, name: str) -> int | None:
+    """SIGTERM, wait up to ``timeout_s``, then SIGKILL; the exit code."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            log.warning("process_killed", name=child.name, pid=proc.pid)
+            log.warning("process_killed", name=name, pid=proc.pid)
             proc.kill()
             proc.wait()
-    sweep_session(child)
     return proc.returncode
+
+
+def _terminate(child: Child, timeout_s: float) -> int | None:
+    rc = terminate(child.proc, timeout_s, child.name)
+    sweep_session(child)
+    return rc
 
 
 def sweep_session(child: Child) -> None:

@@ -47,8 +47,9 @@ from typing import Any, Self
 import redis
 import structlog
 
+from base.ports import free_port
 from base.redis_slots import SLOTS, slot_range
-from infra.embedded import EmbeddedRedis, ServerStartError, free_port
+from infra.embedded import EmbeddedRedis, ServerStartError
 
 log = structlog.get_logger("jetfleet.embedded")
 

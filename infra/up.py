@@ -17,10 +17,11 @@ from pathlib import Path
 
 import structlog
 
+from base.ports import free_port
 from base.process import ProcessGroup, Restarter, wait_http_ok
 from infra.cli.components import engine_argv, routing_argv
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from infra.embedded import EmbeddedNats, EmbeddedRedis
 from infra.embedded_cluster import CLUSTER_BUS_OFFSET, ClusterNode, EmbeddedRedisCluster
 from infra.packing import worker_packs
 from schemas import Subjects

@@ -51,8 +51,8 @@ from nats.aio.client import Client as NATSClient
 
 from base.connect import connect_redis
 from base.logs import configure_logging
+from base.ports import free_port
 from infra.command import cli_command
-from infra.embedded import free_port
 from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex
 from schemas import RequestObservation, Subjects, decode

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from base.ports import free_port
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from infra.embedded import EmbeddedNats, EmbeddedRedis
 from tests.support.nats_cluster import NatsCluster
 from tests.support.up import ready_workers
 

@@ -24,10 +24,11 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from base.connect import close_nats, connect_nats, connect_redis
+from base.ports import free_port
 from base.process import Child, ProcessGroup
 from base.topology import ensure_topology
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, EmbeddedRedis, free_port
+from infra.embedded import EmbeddedNats, EmbeddedRedis
 from infra.embedded_cluster import EmbeddedRedisCluster
 from router.kv.keys import namespace
 from router.kv.redis_index import RedisPrefixIndex

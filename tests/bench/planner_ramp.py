@@ -44,11 +44,12 @@ from typing import Any
 
 from base.connect import close_nats, connect_nats
 from base.logs import configure_logging
+from base.ports import free_port
 from base.process import ProcessGroup, wait_http_ok
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, free_port
+from infra.embedded import EmbeddedNats
 from infra.up import serving
 from planner.connectors.base import ConnectorService
 from planner.connectors.local import LocalScaler, LocalScalerConfig

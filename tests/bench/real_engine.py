@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.embedded import free_port
+from base.ports import free_port
 from tests.support.up import running_up
 
 MODEL_NAME = "SmolLM2-135M-Instruct"  # set by main from --model

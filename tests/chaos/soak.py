@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from base.ports import free_port
 from infra.command import cli_command
-from infra.embedded import free_port
 from tests.bench.procstat import tree
 
 

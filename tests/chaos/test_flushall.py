@@ -16,9 +16,9 @@ import httpx
 import pytest
 import redis
 
+from base.ports import free_port
 from base.process import wait_http_ok
 from infra.command import cli_command
-from infra.embedded import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

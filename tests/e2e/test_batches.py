@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from infra.embedded import free_port
+from base.ports import free_port
 from tests.support.clients import openai_client
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_until

@@ -140,7 +140,7 @@ def test_a_tool_against_a_nats_that_is_not_there_says_so_and_exits(
 ) -> None:
     """No endless retry (nats-py reads max_reconnect_attempts 0 as unlimited): one clear line
     and a non-zero exit within seconds."""
-    from infra.embedded import free_port
+    from base.ports import free_port
 
     dead = f"nats://127.0.0.1:{free_port()}"
     started = time.monotonic()

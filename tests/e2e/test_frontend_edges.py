@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from infra.embedded import free_port
+from base.ports import free_port
 from tests.e2e.test_fleet_lifecycle import _count
 from tests.support.clients import openai_client
 from tests.support.fleet import Fleet

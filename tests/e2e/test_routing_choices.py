@@ -11,7 +11,7 @@ import json
 import httpx
 import pytest
 
-from infra.embedded import free_port
+from base.ports import free_port
 from tests.e2e.test_fleet_lifecycle import Observations, _count
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for

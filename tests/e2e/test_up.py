@@ -19,9 +19,9 @@ import pytest
 import redis
 from anthropic import Anthropic
 
+from base.ports import free_port, port_is_open
 from base.process import wait_http_ok
 from infra.command import cli_command
-from infra.embedded import free_port, port_is_open
 from tests.support.clients import openai_client
 from tests.support.up import running_up, up_argv
 from tests.support.wait import wait_line, wait_until

@@ -6,9 +6,9 @@ import urllib.request
 
 import pytest
 
+from base.ports import free_port
 from base.process import wait_http_ok
 from infra.command import cli_command
-from infra.embedded import free_port
 from tests.support.fleet import Fleet
 
 pytestmark = pytest.mark.integration

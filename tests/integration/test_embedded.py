@@ -14,15 +14,9 @@ from pathlib import Path
 import pytest
 
 from base.connect import close_nats, connect_nats, connect_redis
+from base.ports import ephemeral_range, free_port, port_is_open
 from infra import embedded
-from infra.embedded import (
-    EmbeddedNats,
-    EmbeddedRedis,
-    ServerStartError,
-    find_binary,
-    free_port,
-    port_is_open,
-)
+from infra.embedded import EmbeddedNats, EmbeddedRedis, ServerStartError, find_binary
 
 pytestmark = pytest.mark.integration
 
@@ -202,7 +196,7 @@ def test_free_ports_come_from_below_the_ephemeral_range_and_are_never_handed_twi
     # the ephemeral range is where outgoing connections take their local ports: a port read back
     # from bind(0) can be taken by any connect() before the server binds it
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-    low, _ = embedded._ephemeral_range()
+    low, _ = ephemeral_range()
     ports = [free_port() for _ in range(1000)]
     assert len(set(ports)) == len(ports)
     assert all(10_000 <= p < low for p in ports)
@@ -212,7 +206,7 @@ def test_a_free_port_skips_one_in_use_and_one_another_process_claimed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-    low, _ = embedded._ephemeral_range()
+    low, _ = ephemeral_range()
     with socket.socket() as squatter:
         for candidate in range(low - 1, 10_000, -1):  # a port below the range, never claimed
             try:
@@ -238,7 +232,7 @@ def test_a_free_port_with_a_bus_port_has_both_free_claimed_and_below_the_range(
 ) -> None:
     """A Redis Cluster node listens on its port and on port + 10000 (its cluster bus)."""
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-    low, _ = embedded._ephemeral_range()
+    low, _ = ephemeral_range()
     ports = [free_port(bus_offset=10_000) for _ in range(200)]
     handed = set(ports) | {p + 10_000 for p in ports}
     assert len(handed) == 2 * len(ports)  # no port, nor bus port, handed twice

@@ -11,9 +11,10 @@ import httpx
 import nats
 import pytest
 
+from base.ports import free_port
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, free_port
+from infra.embedded import EmbeddedNats
 from tests.support.clients import run_cli
 from tests.support.nats_jwt import operator_setup, write_creds
 

@@ -14,9 +14,10 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import APIError
 
+from base.ports import free_port
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, free_port
+from infra.embedded import EmbeddedNats
 from infra.tools import infra_init
 from schemas import Subjects
 from tests.support.clients import run_cli

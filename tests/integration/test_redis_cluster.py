@@ -16,8 +16,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterCrossSlotError, MovedError
 
+from base.ports import free_port
 from base.redis_slots import key_slot, slot_range, tag_for_range
-from infra.embedded import free_port
 from infra.embedded_cluster import (
     CLUSTER_BUS_OFFSET,
     ClusterNode,

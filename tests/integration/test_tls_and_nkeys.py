@@ -23,9 +23,10 @@ import nkeys
 import pytest
 import trustme
 
+from base.ports import free_port
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import EmbeddedNats, free_port
+from infra.embedded import EmbeddedNats
 from tests.support.clients import run_cli
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from base.ports import free_port
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import free_port
 from infra.up import serving
 
 

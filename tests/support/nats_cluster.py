@@ -7,7 +7,8 @@ import json
 import urllib.request
 from pathlib import Path
 
-from infra.embedded import EmbeddedNats, free_port
+from base.ports import free_port
+from infra.embedded import EmbeddedNats
 from tests.support.wait import wait_until
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import redis
 
-from infra.embedded import find_binary, free_port
+from base.ports import free_port
+from infra.embedded import find_binary
 from tests.support.wait import wait_until
 
 SERVICE = "jf"

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from base.ports import free_port
 from base.process import wait_http_ok
 from infra.command import cli_command
-from infra.embedded import free_port
 from schemas import Subjects
 from tests.support.wait import wait_line, wait_until
 

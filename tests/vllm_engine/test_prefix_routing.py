@@ -10,9 +10,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from base.connect import close_nats, connect_nats
+from base.ports import free_port
 from base.process import ProcessGroup, wait_http_ok
 from infra.command import cli_command
-from infra.embedded import free_port
 from tests.support.up import Up, wait_ready_workers
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 from tests.vllm_engine.support import control
