@@ -509,11 +509,6 @@ class Indexer:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def apply_messages(self, msgs: list[Any]) -> None:
-        """Prepare and apply a group of messages (serially; ``_consume`` overlaps the two)."""
-        prepared = await self._prepare(msgs)
-        await self._finish(prepared, await self.index.start_apply(prepared.items))
-
     async def _prepare(self, msgs: list[Any]) -> _Prepared:
         """Decode, and map events to ops (CPU only, but for a new holder's slot)."""
         prep = _Prepared()

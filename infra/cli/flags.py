@@ -227,8 +227,3 @@ def _add(target: argparse.ArgumentParser | argparse._ArgumentGroup, spec: _Spec)
     unit = " ms" if spec.scale == 1000.0 else " s" if spec.field.endswith("_s") else ""
     suffix = "" if spec.default in (None, "", (), []) else f" (default: %(default)s{unit})"
     target.add_argument(spec.flag, help=(text + suffix).strip() or None, **kw)
-
-
-def add_all(parser: argparse.ArgumentParser, *sets: ConfigFlags[Any]) -> None:
-    for flags in sets:
-        flags.add_to(parser)

@@ -78,17 +78,6 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[T], path_style: str =
         raise bad(None, "Request body nests too deeply.") from None
 
 
-_object_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
-
-
-def decode_object(body: bytes) -> dict[str, Any]:
-    """A body that must be a JSON object, as a dict."""
-    data = decode_body(body, _object_decoder)
-    if not isinstance(data, dict):
-        raise bad(None, "Request body must be a JSON object.")
-    return data
-
-
 def _validation_error(text: str, path_style: str) -> OpenAIError:
     """msgspec's ``Expected `int`, got `str` - at `$.n``` -> 400 with param ``n``."""
     at = _AT_PATH.search(text)
