@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from base.ports import free_port
 from infra.command import cli_command
-from infra.embedded import free_port
 from schemas import RequestObservation, WorkerLoad, decode
 from tests.support.clients import openai_client, subscribed
 from tests.support.fleet import Fleet
@@ -355,9 +355,13 @@ async def test_requests_in_flight_complete_when_the_prefill_worker_dies(disagg) 
     def one(p: str) -> str:
         return _chat(remote, messages=[{"role": "user", "content": p}], max_tokens=30)
 
+    def started() -> int:
+        return fleet.log("worker-0").count('"request_started"')
+
     async def run() -> list[str]:
+        before = started()
         tasks = [asyncio.create_task(asyncio.to_thread(one, p)) for p in prompts]
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: started() > before, timeout=30, interval=0.02)  # one prefilling
         fleet.kill(f"{fleet.prefix}-worker-0")
         return await asyncio.gather(*tasks)
 

@@ -102,7 +102,7 @@ async def test_completions_logprobs(client: AsyncOpenAI) -> None:
     )
     lp = r.choices[0].logprobs
     assert lp is not None and lp.tokens and "".join(lp.tokens) == r.choices[0].text
-    assert all(len(top) == 2 for top in lp.top_logprobs or [])
+    assert lp.top_logprobs and all(len(top) == 2 for top in lp.top_logprobs)
 
 
 SCHEMA = {
