@@ -96,6 +96,30 @@ class StepResult:
     transfers_done: tuple[tuple[str, float], ...] = ()  # (request id, transfer ms) completed
 
 
+def _share_link(
+    active: list[Sequence],
+    ms: float,
+    bytes_per_ms: float,
+    left: Callable[[Sequence], float],
+    spend: Callable[[Sequence, float, float], None],
+    land: Callable[[Sequence], None],
+) -> tuple[float, list[Sequence]]:
+    """``ms`` of a link shared fairly by the copies in flight (``left``: bytes still to move;
+    ``spend(seq, bytes, ms)`` moves them; ``land`` ends a copy, in the order they finish): the
+    time no copy used, and the copies still in flight."""
+    rest = ms
+    while active and rest > 1e-12:
+        share = bytes_per_ms / len(active)  # bytes per ms each
+        dt = min(min(left(s) for s in active) / share, rest)
+        for s in active:
+            spend(s, share * dt, dt)
+        rest -= dt
+        for s in [s for s in active if left(s) <= 1e-6]:
+            land(s)
+        active = [s for s in active if left(s) > 1e-6]
+    return rest, active
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerStats:
     num_running: int
@@ -260,41 +284,37 @@ class Scheduler:
         """Move ``ms`` of fair-shared link time into the transfers in flight; the completed
         ones commit their prompt blocks and are ready to decode."""
         done: list[tuple[str, float]] = []
-        left = ms
-        while active and left > 1e-12:
-            share = self._bytes_per_ms / len(active)  # bytes per ms each
-            first = min(s.transfer_left for s in active) / share
-            dt = min(first, left)
-            for s in active:
-                s.transfer_left -= share * dt
-                s.transfer_ms += dt
-            left -= dt
-            finished = [s for s in active if s.transfer_left <= 1e-6]
-            for s in finished:
-                self._land(s)
-                done.append((s.request_id, s.transfer_ms))
-            active = [s for s in active if s.transfer_left > 1e-6]
-        for s in active:  # a step with nothing moving still counts as waiting time
-            s.transfer_ms += left
+
+        def spend(s: Sequence, moved: float, dt: float) -> None:
+            s.transfer_left -= moved
+            s.transfer_ms += dt
+
+        def land(s: Sequence) -> None:
+            self._land(s)
+            done.append((s.request_id, s.transfer_ms))
+
+        rest, waiting = _share_link(
+            active, ms, self._bytes_per_ms, lambda s: s.transfer_left, spend, land
+        )
+        for s in waiting:  # a step with nothing moving still counts as waiting time
+            s.transfer_ms += rest
         return done
 
     def _advance_loads(self, active: list[Sequence], ms: float) -> None:
         """Move ``ms`` of the host-to-GPU link into the loads in flight (fair share, as
         ``_advance_transfers``); a landed load's blocks count as computed and are committed."""
-        left = ms
-        while active and left > 1e-12:
-            share = self._load_bytes_per_ms / len(active)
-            dt = min(min(s.load_left for s in active) / share, left)
-            for s in active:
-                s.load_left -= share * dt
-            left -= dt
-            for s in [s for s in active if s.load_left <= 1e-6]:
-                s.load_left = 0.0
-                s.num_computed += s.load_tokens
-                s.load_tokens = 0
-                if s.num_computed // self._bs > s.num_committed:
-                    self._commit(s)  # cached on the GPU again
-            active = [s for s in active if s.load_left > 1e-6]
+
+        def spend(s: Sequence, moved: float, dt: float) -> None:
+            s.load_left -= moved
+
+        def land(s: Sequence) -> None:
+            s.load_left = 0.0
+            s.num_computed += s.load_tokens
+            s.load_tokens = 0
+            if s.num_computed // self._bs > s.num_committed:
+                self._commit(s)  # cached on the GPU again
+
+        _share_link(active, ms, self._load_bytes_per_ms, lambda s: s.load_left, spend, land)
 
     def _land(self, seq: Sequence) -> None:
         seq.transfer_left = 0.0
