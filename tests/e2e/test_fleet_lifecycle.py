@@ -17,7 +17,7 @@ from schemas import RequestObservation, Subjects, TokenChunk, decode
 from tests.support.clients import sse_events, subscribed
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
-from workers.runtime import own_consumer
+from workers.intake import own_consumer
 
 pytestmark = pytest.mark.integration
 

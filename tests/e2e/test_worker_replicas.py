@@ -23,7 +23,7 @@ from tests.e2e.test_fleet_lifecycle import Observations
 from tests.support.clients import subscribed
 from tests.support.fleet import Fleet
 from tests.support.wait import wait_for
-from workers.runtime import own_consumer
+from workers.intake import own_consumer
 
 pytestmark = pytest.mark.integration
 
