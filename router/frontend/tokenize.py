@@ -1,14 +1,13 @@
 """Chat templates and tokenizing off the event loop, in parallel, through the prefix cache.
 
-Measured here: HF ``tokenizers``' ``encode`` holds the GIL for its whole run (3-7 µs a token, so
-190 ms for a 50k-token prompt during which nothing else in the process runs), while
-``encode_batch`` releases it. So prompts are queued and tokenized with ``encode_batch`` on worker
-threads, one thread per core; the event loop keeps streaming meanwhile. Two lanes, each with its
-own threads: small requests (body below ``short_bytes``) never wait behind long prompts. The short
-lane takes all that waits as one batch (many small prompts: the hand-off costs more than they
-do). The long lane gives each free thread one prompt, the shortest waiting first: a batch returns
-when its last prompt is done, so a tick of six 13k-token prompts arriving together (a production
-trace's shape) had every one of them wait ~280 ms for all six, where alone each takes 55-70 ms.
+HF ``tokenizers``' ``encode`` holds the GIL for its whole run (a long prompt stops everything else
+in the process), while ``encode_batch`` releases it (measured: docs/benchmarks.md, "Measurements
+behind design choices"). So prompts are queued and tokenized with ``encode_batch`` on worker
+threads, one thread per core; the event loop keeps streaming meanwhile. Two lanes, each with its own
+threads: small requests (body below ``short_bytes``) never wait behind long prompts. The short lane
+takes all that waits as one batch (many small prompts: the hand-off costs more than they do). The
+long lane gives each free thread one prompt, the shortest waiting first: a batch returns when its
+last prompt is done, so long prompts arriving together in one batch would each wait for all of them.
 
 Each served model gets a ``SegmentCache`` (``model/prompt_cache.py``): a conversation that
 extends an earlier one is tokenized only past what it shares with it. The cache is checked

@@ -1,15 +1,14 @@
 """A lean pipelined Redis connection for the prefix index's script calls (the routing hot path).
 
-redis-py's asyncio client spends 150-200 µs of Python per command here (connection pool,
-timeouts, events, observability, pure-Python packing) where a loopback round trip takes ~30 µs,
-and the routing step is one script call per request. ``RespPipe`` keeps one connection and
-pipelines on it: each call is packed by hiredis and queued, the calls made in one turn of the event
-loop go out in one write at its end (auto-pipelining: one system call for the calls of many
-requests, and on loopback the sender also pays the receiver's side of TCP), and the replies, which
-Redis sends in request order, resolve the waiting futures in that order (parsed by hiredis).
-Concurrent callers share the connection without waiting for each other; a cancelled caller's reply
-is read and dropped, so the order never slips. Measured: a GET 46 µs p50 instead of 200 µs
-(uvloop); 16 calls in one turn 14 µs of CPU each instead of 26 (``SET``, one write instead of 16).
+redis-py's asyncio client spends several times a loopback round trip in Python per command
+(connection pool, timeouts, events, observability, pure-Python packing), and the routing step is one
+script call per request (measured: docs/benchmarks.md, "Measurements behind design choices").
+``RespPipe`` keeps one connection and pipelines on it: each call is packed by hiredis and queued,
+the calls made in one turn of the event loop go out in one write at its end (auto-pipelining: one
+system call for the calls of many requests, and on loopback the sender also pays the receiver's side
+of TCP), and the replies, which Redis sends in request order, resolve the waiting futures in that
+order (parsed by hiredis). Concurrent callers share the connection without waiting for each other; a
+cancelled caller's reply is read and dropped, so the order never slips.
 
 Supported: plain TCP or unix-socket connections with an optional username/password and db —
 what ``base.connect.connect_redis`` builds from ``redis://`` and ``unix://`` URLs — and the

@@ -27,8 +27,7 @@ costs beyond its tokens; see ``routing``), ``temperature`` (default 8 blocks: ne
 candidates share the load, clear winners keep it; 0 = always the lowest cost),
 ``reservation_ttl_s`` (default 120), ``hint_ttl_s`` (default 5). The defaults come from a sweep in
 simulated time (``tests/bench/routing_sim.py --sweep``) confirmed live on the routing-quality
-benchmark (tests/bench/README.md): 81% of prompt tokens from cache, TTFT p50 57 ms against
-round-robin's 66 ms.
+benchmark (docs/benchmarks.md, "Measurements behind design choices").
 
 While Redis is unreachable (an outage, a Sentinel failover: ``redis_fallback``, on by default),
 ``kv`` keeps routing with the same cost over what this router knows alone (its routes of the last

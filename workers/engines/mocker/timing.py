@@ -14,10 +14,9 @@ How one step combines them follows Dynamo's mocker (``lib/mocker/src/scheduler/v
   prefills in it (a chunk under chunked prefill), summed: the GPU computes them in one forward
   pass, so the constant term is paid once per pass, not once per sequence. (Dynamo's older
   ``scheduler.rs`` charged each request its own ``PrefillCost``; this mocker did so until
-  2026-11-26. Under a closed-loop wave of 15 prompts of 512 tokens that made one step 366 ms
-  where Dynamo 1.6.1's takes 158: TTFT p50 370 against 163 ms at c=16 on one mocker. Dynamo
-  averages the tokens per sequence in integers, which can differ from this sum by fewer tokens
-  than there are sequences.);
+  2026-11-26, see docs/benchmarks.md, "Measurements behind design choices". Dynamo averages
+  the tokens per sequence in integers, which can differ from this sum by fewer tokens than
+  there are sequences.);
 - **decode** is charged once for the step when at least one sequence samples a token, including a
   sequence whose prefill completes in the step (in Dynamo it joins the decode batch and gets its
   first token in the same pass); ``u`` is measured after the step's block allocations;

@@ -15,23 +15,16 @@ on a laptop:
   gives each of its workers its share of the cores (``fleet_cpu_threads``), keeping one for the
   fleet's own processes (frontend, NATS, Redis, router: they wake on every token and take a core
   from an OpenMP thread its partner waits for) from 4 cores on. Below that a real model needs
-  the core more than the fleet does. Measured here, 2 cores, one worker under ``up``, the
-  real-engine benchmark, req/s at concurrency 1 / 4 / 16: SmolLM2-135M with two threads 0.44 /
-  0.91 / 1.51 (TTFT p50 0.48 / 1.9 / 6.8 s), with one 0.43 / 0.80 / 0.92 (0.74 / 2.8 / 12.8 s);
-  the tiny Llama, whose steps cost less than the fleet's hops, the other way round: two threads
-  6.8 and 4.5 / 14.6 and 18.5 / 33.3 and 37.5, one 7.7 and 7.5 / 20.0 and 18.8 / 38.9 and 35.6;
+  the core more than the fleet does (measured: docs/benchmarks.md, "Measurements behind design
+  choices");
 - ``OMP_WAIT_POLICY``: ``PASSIVE``. OpenMP threads spin at each barrier by default; in a fleet
   they share the cores with the worker, the frontend, NATS and Redis, and a spinning thread whose
-  partner was descheduled burns its core while the step stalls. Measured here (one tiny-Llama
-  worker under ``jetfleet up``, 2 cores, closed loop, req/s at concurrency 4 and 16, two runs
-  each): spinning 12.7 and 4.9 / 19.1 and 5.8, passive 15.4 and 15.1 / 34.5 and 31.9, one
-  thread instead of two 14.2 and 13.9 / 28.1 and 31.2.
+  partner was descheduled burns its core while the step stalls (measured: same section).
 
 And the model's dtype (``cpu_dtype``): vLLM's ``auto`` picks bfloat16 on a CPU, whose kernels need
 native bf16 (AVX512-BF16 or AMX on x86, BF16 on Arm); without it vLLM falls back to slow paths
-("Failed to create oneDNN linear"). Measured here (AVX2 only, SmolLM2-135M, eager, decode at
-batch 8): float32 79-81 tokens/s, bfloat16 10-36. So ``auto`` means float32 on such a CPU; a
-dtype given explicitly is kept.
+("Failed to create oneDNN linear"; several times slower, measured: same section). So ``auto``
+means float32 on such a CPU; a dtype given explicitly is kept.
 
 On a GPU none of this applies and nothing is set.
 """
