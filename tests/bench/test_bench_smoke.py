@@ -308,9 +308,11 @@ def test_batch_beside_bench():
     d = run_bench(
         "batch_beside", "--workers", "2", "--seconds", "2", "--capacity-concurrency", "8",
         "--capacity-requests", "40", "--batch-lines", "30", "--batch-output-tokens", "4",
-        "--output-tokens", "8",
+        "--output-tokens", "8", "--speedup", "10", "--sittings", "2",
     )  # fmt: skip
     assert d["capacity_rps"] > 0 and d["alone"]["errors"] == 0 and d["beside"]["errors"] == 0
+    assert [s["sitting"] for s in d["sittings"]] == [1, 2]  # the first batch was cancelled
+    assert d["sittings"][0]["alone"]["machine_cpu_share"] > 0
     assert d["alone"]["ttft_p99_ms"] > 0 and d["beside"]["ttft_p99_ms"] > 0
     assert d["batch"]["status"] == "completed"
     assert d["batch"]["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
