@@ -32,7 +32,7 @@ from router.frontend.openai_protocol import (
     check_chat_request,
 )
 from router.frontend.output import Delta, OutCall
-from router.frontend.params import chat_generation_params
+from router.frontend.params import chat_generation_params, checked_chat
 from router.frontend.serving import Endpoint, Serving
 from router.frontend.shapes import FullChoice, encode
 
@@ -52,12 +52,12 @@ _ERROR_TYPES = {
 async def serve(call: asgi.Call, serving: Serving) -> None:
     """``POST /v1/messages``."""
     body = await call.body()
-    creq = check_chat_request(to_chat_request(parse_messages_request(body)))
+    creq, params = checked_chat(to_chat_request(parse_messages_request(body)))
 
     def shape(rid: str, prompt_len: int) -> MessagesShape:
         return MessagesShape(rid, int(time.time()), creq.model, prompt_len)
 
-    await serving.generate(call, ENDPOINT, creq, chat_generation_params(creq), shape, len(body))
+    await serving.generate(call, ENDPOINT, creq, params, shape, len(body))
 
 
 async def count_tokens(call: asgi.Call, serving: Serving) -> None:

@@ -8,9 +8,8 @@ from typing import Any
 
 from router.frontend import asgi
 from router.frontend.errors import OpenAIError
-from router.frontend.openai_protocol import parse_chat_request
 from router.frontend.output import Delta
-from router.frontend.params import chat_generation_params
+from router.frontend.params import parse_chat
 from router.frontend.serving import Endpoint, Serving
 from router.frontend.shapes import DONE, FullChoice, encode, sse
 
@@ -19,8 +18,7 @@ ENDPOINT = Endpoint("chat", "chatcmpl", chat=True)
 
 async def serve(call: asgi.Call, serving: Serving) -> None:
     body = await call.body()
-    creq = parse_chat_request(body)
-    params = chat_generation_params(creq)
+    creq, params = parse_chat(body)
 
     def shape(rid: str, _prompt_len: int) -> ChatShape:
         return ChatShape(rid, int(time.time()), creq.model)

@@ -9,9 +9,8 @@ from typing import Any
 
 from router.frontend import asgi
 from router.frontend.chat import ChatShape
-from router.frontend.openai_protocol import parse_completion_request
 from router.frontend.output import Delta
-from router.frontend.params import completion_generation_params
+from router.frontend.params import parse_completion
 from router.frontend.serving import Endpoint, Serving
 from router.frontend.shapes import FullChoice, sse
 
@@ -20,8 +19,7 @@ ENDPOINT = Endpoint("completions", "cmpl", chat=False)
 
 async def serve(call: asgi.Call, serving: Serving) -> None:
     body = await call.body()
-    creq = parse_completion_request(body)
-    params = completion_generation_params(creq)
+    creq, params = parse_completion(body)
     shape = partial(_shape, creq.model)
     await serving.generate(call, ENDPOINT, creq, params, shape, len(body))
 

@@ -7,8 +7,10 @@ ignored, as vLLM's server does (OpenAI's own refuses them); known fields the fle
 ``web_search_options``) are refused with 400 when set to anything but their default, never
 silently ignored. Most optional fields also accept ``null`` (some clients send every field).
 
-No HTTP code here: the frontend calls ``parse_*_request``, then ``*_generation_params`` and,
-once the prompt is tokenized, ``resolve_max_tokens`` (``params.py``).
+No HTTP code here, and nothing of ``params.py``: the frontend parses through ``params.py``
+(``parse_chat``, ``parse_completion``, ``checked_chat``), which checks a request here and makes
+its ``GenerationParams`` once; the tools, the tool choice and the structured-output constraint
+are checked in making them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from typing import Any, Literal
 import msgspec
 
 from router.frontend.errors import bad, decode_body, refuse
-from router.frontend.params import chat_generation_params, completion_generation_params, stops
 
 _INT64 = 2**63
 MAX_N = 16
@@ -233,7 +234,6 @@ def check_chat_request(req: ChatCompletionRequest) -> ChatCompletionRequest:
             "web_search_options": (None,),
         },
     )
-    chat_generation_params(req)  # tools, tool_choice and the constraint are checked here
     return req
 
 
@@ -254,7 +254,6 @@ def parse_completion_request(body: bytes) -> CompletionRequest:
     if req.logprobs is not None and not 0 <= req.logprobs <= MAX_LOGPROBS:
         raise bad("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}]")
     refuse(req, {"suffix": (None, "")})
-    completion_generation_params(req)  # the constraint is checked here
     return req
 
 
@@ -311,6 +310,13 @@ def _check_common(req: _Common) -> None:
     if req.stream_options is not None and not req.stream:
         raise bad("stream_options", "stream_options is only allowed when stream is true")
     refuse(req, {"logit_bias": (None, {}), "best_of": (None, 1)})
+
+
+def stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    """The ``stop`` field as a tuple of strings."""
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 def _check_stop(stop: str | list[str] | None) -> None:

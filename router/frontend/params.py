@@ -6,26 +6,32 @@ structured-output constraint comes as OpenAI's ``response_format`` (``json_objec
 ``json_schema``) or as vLLM's extras (``guided_json``, ``guided_regex``, ``guided_choice``,
 ``guided_grammar``, ``structured_outputs``), at most one per request; a tool choice that forces
 a call is a constraint too. ``resolve_max_tokens`` sets the budget once the prompt is tokenized.
+
+Each request's parameters are made once, by the parse that checks it: ``parse_chat``,
+``parse_completion``, or ``checked_chat`` for a chat request translated from another API (the
+tools, the tool choice and the constraint are checked in making them).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from router.frontend.errors import bad, context_length_exceeded
+from router.frontend.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    _Common,
+    check_chat_request,
+    parse_chat_request,
+    parse_completion_request,
+    stops,
+)
 from router.frontend.tools import ToolChoiceError, ToolPlan, plan_tools
 from schemas import SamplingParams, StructuredOutput
-
-if TYPE_CHECKING:  # the request structs (openai_protocol.py validates through this module)
-    from router.frontend.openai_protocol import (
-        ChatCompletionRequest,
-        CompletionRequest,
-        _Common,
-    )
 
 
 @dataclass(frozen=True)
@@ -169,12 +175,6 @@ def _vllm_structured(spec: dict[str, Any]) -> StructuredOutput:
     return StructuredOutput(regex=value) if key == "regex" else StructuredOutput(grammar=value)
 
 
-def stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    return (stop,) if isinstance(stop, str) else tuple(stop)
-
-
 def _params(
     req: _Common,
     max_tokens: int | None,
@@ -228,3 +228,21 @@ def resolve_max_tokens(
         "messages or completion",
         prompt_param if requested is None or prompt_len >= context_length else "max_tokens",
     )
+
+
+def parse_chat(body: bytes) -> tuple[ChatCompletionRequest, GenerationParams]:
+    """A ``/v1/chat/completions`` body: the request, checked, and its parameters."""
+    req = parse_chat_request(body)
+    return req, chat_generation_params(req)
+
+
+def checked_chat(req: ChatCompletionRequest) -> tuple[ChatCompletionRequest, GenerationParams]:
+    """A chat request translated from another API's body, checked, and its parameters."""
+    req = check_chat_request(req)
+    return req, chat_generation_params(req)
+
+
+def parse_completion(body: bytes) -> tuple[CompletionRequest, GenerationParams]:
+    """A ``/v1/completions`` body: the request, checked, and its parameters."""
+    req = parse_completion_request(body)
+    return req, completion_generation_params(req)

@@ -31,7 +31,7 @@ import msgspec
 from router.frontend import asgi
 from router.frontend.errors import OpenAIError
 from router.frontend.openai_protocol import ChatCompletionRequest, check_chat_request
-from router.frontend.params import chat_generation_params
+from router.frontend.params import chat_generation_params, checked_chat
 from router.frontend.responses_api import (
     ResponsesRequest,
     parse_responses_request,
@@ -80,7 +80,7 @@ class Responses:
         body = await call.body()
         original = parse_responses_request(body)
         history = await self._history(original.previous_response_id)
-        creq = check_chat_request(to_chat_request(original, history))
+        creq, params = checked_chat(to_chat_request(original, history))
         stored = original.store is not False
         if original.background and not stored:
             raise _bad("background", "background responses must be stored (store: true)")
@@ -96,7 +96,6 @@ class Responses:
         if original.background:
             await self._background(call, body, original, creq, history, response_id, items)
             return
-        params = chat_generation_params(creq)
         shapes: list[ResponsesShape] = []
 
         def shape_for(_rid: str, _prompt_len: int) -> ResponsesShape:

@@ -5,16 +5,14 @@ repeats the request's settings (``ResponsesRequest``) as OpenAI's does. Pure."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from router.frontend.errors import OpenAIError
 from router.frontend.output import Delta, OutCall
+from router.frontend.responses_api import ResponsesRequest
 from router.frontend.shapes import FullChoice, encode
-
-if TYPE_CHECKING:  # the request (responses_api.py serves through this module)
-    from router.frontend.responses_api import ResponsesRequest
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, Any]:

@@ -66,3 +66,49 @@ def test_the_rule_sees_an_upward_import(tmp_path: Path) -> None:
 def test_every_top_level_package_is_placed() -> None:
     packages = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert packages - {"tests"} == set(ALLOWED)
+
+
+def module_imports(package: Path, prefix: str) -> dict[str, set[str]]:
+    """Each module of ``package`` -> the modules of the same package it imports (any import,
+    ``TYPE_CHECKING`` ones too: a circle hidden behind one is still a circle to a reader)."""
+    graph: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.startswith(prefix + "."):
+                    deps.add(node.module.removeprefix(prefix + "."))
+                elif node.module == prefix:
+                    deps |= {a.name for a in node.names}
+        graph[path.stem] = deps - {path.stem}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (one path around each strongly connected group)."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for dep in sorted(graph.get(node, ())):
+            if dep in path:
+                found.append([*path[path.index(dep) :], dep])
+            elif dep not in done:
+                walk(dep, [*path, dep])
+        done.add(node)
+
+    for start in sorted(graph):
+        if start not in done:
+            walk(start, [start])
+    return found
+
+
+def test_no_import_circle_inside_the_frontend() -> None:
+    graph = module_imports(ROOT / "router" / "frontend", "router.frontend")
+    assert len(graph) > 20
+    assert circles(graph) == []
+
+
+def test_the_circle_rule_sees_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]

@@ -14,6 +14,8 @@ from router.frontend.params import (
     GenerationParams,
     chat_generation_params,
     completion_generation_params,
+    parse_chat,
+    parse_completion,
     resolve_max_tokens,
 )
 from router.frontend.tools import ToolPlan
@@ -220,7 +222,7 @@ def test_good_chat_bodies_parse(body: bytes) -> None:
     ("case", "body", "status", "param"), BAD_CHAT, ids=[c[0] for c in BAD_CHAT]
 )
 def test_bad_chat_bodies(case: str, body: bytes, status: int, param: str | None) -> None:
-    err = error_of(parse_chat_request, body)
+    err = error_of(parse_chat, body)
     assert (err.status, err.param) == (status, param), err.message
     assert err.type == "invalid_request_error"
     assert err.message
@@ -230,7 +232,7 @@ def test_bad_chat_bodies(case: str, body: bytes, status: int, param: str | None)
     ("case", "body", "status", "param"), BAD_COMPLETION, ids=[c[0] for c in BAD_COMPLETION]
 )
 def test_bad_completion_bodies(case: str, body: bytes, status: int, param: str | None) -> None:
-    err = error_of(parse_completion_request, body)
+    err = error_of(parse_completion, body)
     assert (err.status, err.param) == (status, param), err.message
 
 
@@ -243,14 +245,14 @@ def test_prompt_forms(prompt: Any, expected: Any) -> None:
 
 
 def test_error_messages_name_the_problem() -> None:
-    assert "JSON" in error_of(parse_chat_request, b'{"model": ').message
-    assert "object" in error_of(parse_chat_request, b"[]").message
-    assert "'model'" in error_of(parse_chat_request, b'{"messages": []}').message
-    assert "temperature" in error_of(parse_chat_request, chat(temperature="x")).message
-    assert "not supported" in error_of(parse_chat_request, chat(logit_bias={"1": 2})).message
+    assert "JSON" in error_of(parse_chat, b'{"model": ').message
+    assert "object" in error_of(parse_chat, b"[]").message
+    assert "'model'" in error_of(parse_chat, b'{"messages": []}').message
+    assert "temperature" in error_of(parse_chat, chat(temperature="x")).message
+    assert "not supported" in error_of(parse_chat, chat(logit_bias={"1": 2})).message
     assert (
         "not in tools"
-        in error_of(parse_chat_request, chat(tools=[_tool("f")], tool_choice=_named("g"))).message
+        in error_of(parse_chat, chat(tools=[_tool("f")], tool_choice=_named("g"))).message
     )
 
 
