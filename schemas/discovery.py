@@ -47,6 +47,10 @@ class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
     loras: tuple[str, ...] = ()
     # the branch point of its block hashes (``schemas.hashing``): how a router hashes prompts
     kv_branch_blocks: int = DEFAULT_BRANCH_BLOCKS
+    # how it honours a structured-output constraint: "logits" (it masks them: any constraint
+    # its backend compiles) or "instances" (it writes an instance: only the JSON Schema subset
+    # ``model.structured`` satisfies; a frontend refuses the rest with a 400)
+    structured: str = "logits"
     v: int = 1
 
 

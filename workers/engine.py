@@ -116,6 +116,7 @@ class Engine(Protocol):
     num_gpu_blocks: int
     block_size: int
     kv_fleet_hashing: bool  # its KV events carry the fleet's block hashes (else its own)
+    structured: str  # "logits" or "instances" (``WorkerRegistration.structured``)
     # the longest prompt + completion the engine serves, known once started (None: the model
     # card's context length); the worker publishes the smaller of the two
     max_model_len: int | None

@@ -95,6 +95,7 @@ class Registry:
             metrics_url=self.metrics_url,
             managed_by=c.managed_by,
             loras=self.engine.lora_names(),
+            structured=e.structured,
         )
 
     async def register(self) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import msgspec
 import structlog
 
-from model.structured import problem as mocker_problem
+from model.structured import problem as instance_problem
 from router.disagg_client import DisaggClient
 from router.discovery import Discovery, ServedModel
 from router.frontend import asgi
@@ -280,18 +280,18 @@ class Serving:
         return gens
 
     def _check_constraint(self, model: str, params: GenerationParams) -> None:
-        """A constraint the model's engines cannot honour is a 400 naming the engine."""
+        """A constraint the model's workers cannot honour is a 400 naming the engine: when
+        they all write instances (``WorkerRegistration.structured``), one outside the subset
+        ``model.structured`` satisfies."""
         if params.sampling.structured is None:
             return
-        workers = self.discovery.state.workers.values()
-        engines = {v.reg.engine for v in workers if v.reg.model == model}
-        if engines == {"mocker"}:
-            why = mocker_problem(params.sampling.structured)
+        regs = [v.reg for v in self.discovery.state.workers.values() if v.reg.model == model]
+        if regs and all(r.structured == "instances" for r in regs):
+            why = instance_problem(params.sampling.structured)
             if why is not None:
-                raise bad(
-                    "response_format",
-                    f"the mocker engine serving this model cannot honour this constraint: {why}",
-                )
+                engines = ", ".join(sorted({r.engine for r in regs}))
+                message = f"the {engines} engine serving this model cannot honour this constraint"
+                raise bad("response_format", f"{message}: {why}")
 
 
 def _choice_output(card: ModelCard, params: GenerationParams, chat: bool) -> ChoiceOutput:

@@ -73,6 +73,7 @@ class _Logprobs:
 class MockerEngine:
     name = "mocker"
     kv_fleet_hashing = True  # its block pool hashes with schemas.hashing
+    structured = "instances"  # no logits: it writes an instance (model.structured)
     tasks: tuple[str, ...] = ("generate", "embed")
 
     def __init__(

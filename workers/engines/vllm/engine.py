@@ -104,6 +104,7 @@ class _Running:
 class VllmEngine:
     name = "vllm"
     kv_fleet_hashing = False  # vLLM's hashes are its own: the worker's relay translates them
+    structured = "logits"  # guided decoding masks the logits
 
     def __init__(self, config: VllmEngineConfig, backend: VllmBackend | None = None) -> None:
         """Raises ``VllmNotInstalledError`` without a backend when vLLM is not installed."""
