@@ -28,11 +28,8 @@
   (vLLM overrides it for hybrid models or quantized KV) refuses to serve, since the router would
   hash prompts in blocks of the wrong size. ``vllm.__version__`` picks the release's behaviour
   from ``versions.py``.
-- **Control.** health (``check_health``), sleep/wake (requests admitted while asleep wait for the
-  wake; a failed sleep leaves the worker serving; level 2 discards the weights, so the wake
-  reloads them: ``wake_up(["weights"])``, ``collective_rpc("reload_weights")``,
-  ``wake_up(["kv_cache"])``), clear_kv (``reset_prefix_cache``), lora_load / lora_unload /
-  lora_list (``add_lora``/``remove_lora``/``list_loras``), kv_resync.
+- **Control.** health, sleep/wake, clear_kv, kv_resync and the LoRA ops: ``control.py``
+  (``VllmControl``); requests admitted while asleep wait for the wake (``awake``).
 - **The fleet's index follows vLLM's cache** (``kv_follow.py``): a confirmed reset or a sleep
   tells the fleet ``AllBlocksCleared`` at once; before 0.12 a reset is unconfirmed until vLLM's
   own ``AllBlocksCleared`` arrives, and ``clear_kv`` says so. Before 0.10.1 ``sleep`` keeps the
@@ -49,7 +46,7 @@ import contextlib
 import itertools
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +63,7 @@ from workers.engine import (
 )
 from workers.engines.vllm.backend import RealVllmBackend, VllmBackend
 from workers.engines.vllm.config import VllmEngineConfig
+from workers.engines.vllm.control import CPU_CANNOT_SLEEP, VllmControl
 from workers.engines.vllm.kv_events import DecodeOptions
 from workers.engines.vllm.kv_follow import KvFollower
 from workers.engines.vllm.lora import LoraRegistry
@@ -75,12 +73,6 @@ from workers.engines.vllm.subscriber import KvEventSubscriber
 from workers.engines.vllm.versions import VllmFeatures, features
 
 log = structlog.get_logger("jetfleet.vllm")
-
-ControlHandler = Callable[[dict[str, str]], Awaitable[ControlResult]]
-CPU_CANNOT_SLEEP = (
-    "vLLM's CPU build cannot sleep (sleep mode needs a GPU's CuMem allocator); the worker keeps "
-    "serving with its weights and KV cache in place"
-)
 
 
 class VllmConfigMismatchError(RuntimeError):
@@ -109,56 +101,47 @@ class VllmEngine:
     def __init__(self, config: VllmEngineConfig, backend: VllmBackend | None = None) -> None:
         """Raises ``VllmNotInstalledError`` without a backend when vLLM is not installed."""
         self.config = config
-        self._backend: VllmBackend = backend if backend is not None else RealVllmBackend()
+        self.backend: VllmBackend = backend if backend is not None else RealVllmBackend()
         self.tasks = config.tasks
         self.max_num_seqs = config.max_num_seqs
         self.block_size = config.block_size
         self.num_gpu_blocks = 0  # known once started
         self.max_model_len: int | None = None  # known once started
-        self._llm: Any = None
-        self._features: VllmFeatures | None = None  # known once started
-        self._sleep_level = 0
-        self._on_cpu = False  # known once started
+        self.llm: Any = None
+        self.features: VllmFeatures | None = None  # known once started
+        self.sleep_level = 0
+        self.on_cpu = False  # known once started
         self._stats = SchedulerStatsCollector()
-        self._loras = LoraRegistry()
-        self._running: dict[str, _Running] = {}
+        self.loras = LoraRegistry()
+        self.running: dict[str, _Running] = {}
         self.kv = KvFollower(
-            DecodeOptions(lora_names=self._loras.names_by_id),
-            lambda: bool(self._running),
+            DecodeOptions(lora_names=self.loras.names_by_id),
+            lambda: bool(self.running),
             config.kv_reset_retry_s,
             config.kv_resync_chunk_tokens,
         )
         self._ids = itertools.count(1)
-        self._awake = asyncio.Event()
-        self._awake.set()
-        self._hooks: EngineHooks | None = None  # given at start
+        self.awake = asyncio.Event()
+        self.awake.set()
+        self.hooks: EngineHooks | None = None  # given at start
         self._dead: str | None = None  # why vLLM's engine died (it serves nothing more)
         self._watch_task: asyncio.Task[None] | None = None
-        self._subscriber: KvEventSubscriber | None = None
+        self.subscriber: KvEventSubscriber | None = None
         self._workdir: Path | None = None
         self._pending_prefill_tokens = 0
         self._prompt_tokens_total = 0
         self._cached_tokens_total = 0
-        self._controls: dict[str, ControlHandler] = {
-            "health": self._health,
-            "sleep": self._sleep,
-            "wake": self._wake,
-            "clear_kv": self._clear_kv,
-            "kv_resync": self._kv_resync,
-            "lora_load": self._lora_load,
-            "lora_unload": self._lora_unload,
-            "lora_list": self._lora_list,
-        }
+        self._control = VllmControl(self)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, hooks: EngineHooks) -> None:
-        self._hooks = hooks
+        self.hooks = hooks
         self.kv.start(hooks.kv_events)
         endpoints = None
         if self.config.kv_events:
             self._workdir = Path(tempfile.mkdtemp(prefix="jetfleet-vllm-"))
             endpoints = self.config.kv_endpoints(self._workdir)
-            self._subscriber = KvEventSubscriber(
+            self.subscriber = KvEventSubscriber(
                 endpoints.connect_publish,
                 endpoints.connect_replay,
                 endpoints.topic,
@@ -167,17 +150,17 @@ class VllmEngine:
                 self.kv.on_lost,
                 self.config.kv_replay_timeout_s,
             )
-            await self._subscriber.start()  # before vLLM binds: no early event is missed
+            await self.subscriber.start()  # before vLLM binds: no early event is missed
         try:
             started = await asyncio.to_thread(
-                self._backend.start_llm, self.config, endpoints, self._stats
+                self.backend.start_llm, self.config, endpoints, self._stats
             )
         except BaseException:
             await self.stop()
             raise
-        self._llm = started.llm
+        self.llm = started.llm
         try:
-            self._features = features(started.version)
+            self.features = features(started.version)
             if started.block_size != self.config.block_size:
                 raise VllmConfigMismatchError(
                     f"vLLM {started.version} uses KV blocks of {started.block_size} tokens, the "
@@ -186,15 +169,15 @@ class VllmEngine:
                     f"{started.block_size} or run a model vLLM can page in "
                     f"{self.config.block_size}-token blocks"
                 )
-            await self._llm.is_sleeping()  # on the loop: vLLM's output tasks start, it answers
+            await self.llm.is_sleeping()  # on the loop: vLLM's output tasks start, it answers
         except BaseException:
             await self.stop()
             raise
-        self.kv.serve(self._llm, self._features)
+        self.kv.serve(self.llm, self.features)
         self.num_gpu_blocks = started.num_gpu_blocks
         self.max_model_len = started.max_model_len
         self._watch_task = asyncio.create_task(self._watch_engine(), name="vllm-watch")
-        self._on_cpu = started.on_cpu
+        self.on_cpu = started.on_cpu
         if started.on_cpu and self.config.enable_sleep_mode:
             log.warning("vllm_sleep_mode_unavailable", reason=CPU_CANNOT_SLEEP)
         log.info(
@@ -206,20 +189,20 @@ class VllmEngine:
         )
 
     async def stop(self) -> None:
-        tasks = [r.task for r in self._running.values() if r.task is not None]
-        self._running.clear()
+        tasks = [r.task for r in self.running.values() if r.task is not None]
+        self.running.clear()
         if self._watch_task is not None:
             tasks.append(self._watch_task)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.kv.stop()
-        if self._subscriber is not None:
-            await self._subscriber.close()
-            self._subscriber = None
-        if self._llm is not None:
-            self._llm.shutdown()
-            self._llm = None
+        if self.subscriber is not None:
+            await self.subscriber.close()
+            self.subscriber = None
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -229,7 +212,7 @@ class VllmEngine:
         if self._dead is not None:
             return  # the worker is leaving: its frontends migrate what it held
         rid = request.request_id
-        if rid in self._running:  # a newer attempt replaces the running one
+        if rid in self.running:  # a newer attempt replaces the running one
             self.abort(rid)
         try:
             if request.task not in self.tasks:
@@ -243,15 +226,15 @@ class VllmEngine:
                         "this vLLM worker takes no prompt_embeds (start it with "
                         "--vllm-arg enable_prompt_embeds=true)"
                     )
-                prompt, num_prompt = self._backend.embeds_prompt(request.prompt_embeds)
+                prompt, num_prompt = self.backend.embeds_prompt(request.prompt_embeds)
             else:
-                prompt = self._backend.tokens_prompt(request.token_ids)
+                prompt = self.backend.tokens_prompt(request.token_ids)
             lora = self._lora_request(request.lora_name)
             if request.task == "embed":
-                params = self._backend.pooling_params(request.dimensions)
+                params = self.backend.pooling_params(request.dimensions)
             else:
-                new_names = self._features is None or self._features.structured_outputs
-                params = self._backend.sampling_params(sampling_kwargs(request, new_names))
+                new_names = self.features is None or self.features.structured_outputs
+                params = self.backend.sampling_params(sampling_kwargs(request, new_names))
         except Exception as exc:  # vLLM validates sampling params: a bad request, not a crash
             sink.on_output(EngineOutput(rid, (), True, "error", error=str(exc)))
             return
@@ -261,7 +244,7 @@ class VllmEngine:
         run.priority = request.priority
         if sp.prompt_logprobs is not None:
             run.prompt, run.prompt_logprobs = tuple(request.token_ids), sp.prompt_logprobs
-        self._running[rid] = run
+        self.running[rid] = run
         self._pending_prefill_tokens += run.num_prompt_tokens
         work = self._embed if request.task == "embed" else self._generate
         run.task = asyncio.create_task(work(run, prompt, params, lora), name=run.vllm_id)
@@ -269,10 +252,10 @@ class VllmEngine:
     def _lora_request(self, name: str | None) -> Any:
         if not name:
             return None
-        loaded = self._loras.get(name)
+        loaded = self.loras.get(name)
         if loaded is None:
             raise ValueError(f"LoRA adapter {name!r} is not loaded on this worker")
-        return self._backend.lora_request(loaded.name, loaded.lora_id, loaded.path)
+        return self.backend.lora_request(loaded.name, loaded.lora_id, loaded.path)
 
     async def _generate(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
         # vLLM refuses a priority unless it schedules by priority
@@ -307,24 +290,24 @@ class VllmEngine:
         """Follow one of vLLM's output streams into ``deliver`` until it says the request
         finished; an early end, an exception or a cancellation ends the request cleanly."""
         try:
-            await self._awake.wait()
-            if self._llm is None:
+            await self.awake.wait()
+            if self.llm is None:
                 raise RuntimeError("vLLM engine is not running")
-            outputs = start(self._llm)
+            outputs = start(self.llm)
             async with contextlib.aclosing(outputs):  # closing it makes vLLM abort the request
                 async for out in outputs:
-                    if self._running.get(run.request_id) is not run:
+                    if self.running.get(run.request_id) is not run:
                         return  # aborted or replaced meanwhile
                     if deliver(run, out):
                         return
             self._finish(run, "error", "vLLM ended the output stream before the request finished")
         except asyncio.CancelledError:
-            if self._llm is not None:
+            if self.llm is not None:
                 with contextlib.suppress(Exception):
-                    await self._llm.abort(run.vllm_id)
+                    await self.llm.abort(run.vllm_id)
             raise
         except Exception as exc:
-            if self._llm is not None and self._llm.errored:
+            if self.llm is not None and self.llm.errored:
                 self._engine_died(f"{type(exc).__name__}: {exc}")
                 return
             log.warning("vllm_request_failed", request_id=run.request_id, error=repr(exc))
@@ -332,8 +315,8 @@ class VllmEngine:
 
     async def _watch_engine(self, period_s: float = 1.0) -> None:
         """An idle engine that dies fails no request: notice it anyway (``AsyncLLM.errored``)."""
-        while self._llm is not None and self._dead is None:
-            if self._llm.errored:
+        while self.llm is not None and self._dead is None:
+            if self.llm.errored:
                 self._engine_died("vLLM's engine core died")
                 return
             await asyncio.sleep(period_s)
@@ -344,20 +327,20 @@ class VllmEngine:
         if self._dead is not None:
             return
         self._dead = reason
-        log.error("vllm_engine_dead", reason=reason, in_flight=len(self._running))
-        runs = list(self._running.values())
-        self._running.clear()
+        log.error("vllm_engine_dead", reason=reason, in_flight=len(self.running))
+        runs = list(self.running.values())
+        self.running.clear()
         for run in runs:
             if run.task is not None and run.task is not asyncio.current_task():
                 run.task.cancel()
-        if self._hooks is not None:
-            self._hooks.failed(reason)
+        if self.hooks is not None:
+            self.hooks.failed(reason)
 
     def _deliver_embedding(self, run: _Running, out: Any) -> bool:
         """A ``PoolingRequestOutput``: the vector, on the finished one."""
         if not out.finished:
             return False
-        del self._running[run.request_id]
+        del self.running[run.request_id]
         self._settle_prefill(run)
         data = out.outputs.data  # a tensor on vLLM's side: torch stays in vLLM
         vector = tuple(float(x) for x in (data.tolist() if hasattr(data, "tolist") else data))
@@ -388,7 +371,7 @@ class VllmEngine:
         reason: str | None = None
         error: str | None = None
         if out.finished:
-            del self._running[run.request_id]
+            del self.running[run.request_id]
             reason = finish_reason(completion.finish_reason if completion is not None else None)
             if reason == "error":
                 error = "vLLM finished the request with an error"
@@ -418,9 +401,9 @@ class VllmEngine:
         return bool(out.finished)
 
     def _finish(self, run: _Running, reason: str, error: str | None = None) -> None:
-        if self._running.get(run.request_id) is not run:
+        if self.running.get(run.request_id) is not run:
             return
-        del self._running[run.request_id]
+        del self.running[run.request_id]
         self._settle_prefill(run)
         run.sink.on_output(
             EngineOutput(
@@ -439,7 +422,7 @@ class VllmEngine:
             self._pending_prefill_tokens -= run.num_prompt_tokens
 
     def abort(self, request_id: str) -> bool:
-        run = self._running.pop(request_id, None)
+        run = self.running.pop(request_id, None)
         if run is None:
             return False
         self._settle_prefill(run)
@@ -453,7 +436,7 @@ class VllmEngine:
     # ------------------------------------------------------------------ load
     def load(self) -> EngineLoad:
         s = self._stats.snapshot()
-        in_flight = len(self._running)
+        in_flight = len(self.running)
         running = min(s.num_running, in_flight)
         return EngineLoad(
             num_running=running,
@@ -472,133 +455,8 @@ class VllmEngine:
         )
 
     def lora_names(self) -> tuple[str, ...]:
-        return tuple(lora.name for lora in self._loras.loaded())
+        return tuple(lora.name for lora in self.loras.loaded())
 
     # ------------------------------------------------------------------ control
     async def control(self, op: str, args: dict[str, str]) -> ControlResult:
-        handler = self._controls.get(op)
-        if handler is None:
-            return ControlResult(False, f"unknown op {op!r}")
-        if self._llm is None:
-            return ControlResult(False, "vLLM engine is not running")
-        try:
-            return await handler(args)
-        except Exception as exc:
-            return ControlResult(False, f"{op} failed: {type(exc).__name__}: {exc}")
-
-    async def _health(self, args: dict[str, str]) -> ControlResult:
-        try:
-            await self._llm.check_health()
-        except Exception as exc:
-            return ControlResult(False, f"vLLM unhealthy: {type(exc).__name__}: {exc}")
-        data: dict[str, object] = {
-            "sleeping": not self._awake.is_set(),
-            "num_gpu_blocks": self.num_gpu_blocks,
-            "cached_blocks": len(self.kv.shadow),
-        }
-        if self._features is not None and self._features.counts_unfinished:
-            # requests vLLM itself has not finished (a cancel must bring it to 0)
-            data["vllm_unfinished"] = self._llm.get_num_unfinished_requests()
-        sub = self._subscriber
-        if sub is not None:
-            st = sub.stats
-            data["kv_events"] = {
-                "batches": st.batches,
-                "gaps_filled": st.gaps_filled,
-                "losses": st.losses,
-                "orphans": self.kv.shadow.orphans,
-            }
-            if not sub.running:
-                return ControlResult(False, "KV event subscriber stopped", data)
-        return ControlResult(True, "running", data)
-
-    async def _sleep(self, args: dict[str, str]) -> ControlResult:
-        if self._on_cpu:
-            return ControlResult(False, CPU_CANNOT_SLEEP)
-        if not self.config.enable_sleep_mode:
-            return ControlResult(False, "vLLM sleep mode is off for this worker")
-        level = int(args.get("level", "1"))
-        if level not in (1, 2):
-            return ControlResult(False, f"sleep level must be 1 or 2, not {level}")
-        if self._running:
-            return ControlResult(False, f"{len(self._running)} requests in flight; drain first")
-        if not self._awake.is_set():
-            return ControlResult(True, f"already sleeping (level {self._sleep_level})")
-        self._awake.clear()
-        try:
-            if self._features is not None and not self._features.sleep_resets_cache:
-                await self._llm.reset_prefix_cache()  # 0.10.0 would keep stale entries
-            await self._llm.sleep(level)
-        except Exception as exc:
-            self._awake.set()
-            log.warning("vllm_sleep_failed", level=level, error=repr(exc))
-            return ControlResult(False, f"sleep failed, still serving: {type(exc).__name__}: {exc}")
-        self._sleep_level = level
-        self.kv.emptied()
-        return ControlResult(True, f"sleeping (level {level}); new requests wait for wake")
-
-    async def _wake(self, args: dict[str, str]) -> ControlResult:
-        if self._awake.is_set():
-            return ControlResult(True, "awake")
-        if self._sleep_level == 2:  # the weights were discarded: load them again
-            await self._llm.wake_up(tags=["weights"])
-            await self._llm.collective_rpc("reload_weights")
-            await self._llm.wake_up(tags=["kv_cache"])
-        else:
-            await self._llm.wake_up()
-        level, self._sleep_level = self._sleep_level, 0
-        self._awake.set()
-        return ControlResult(True, "awake" + (" (weights reloaded)" if level == 2 else ""))
-
-    async def _clear_kv(self, args: dict[str, str]) -> ControlResult:
-        result = await self.kv.reset()
-        if result is False:
-            return ControlResult(False, "blocks in use; drain first")
-        if result is None:
-            return ControlResult(
-                True,
-                f"reset requested; vLLM {self._features.label if self._features else ''} does "
-                "not report whether it reset (before 0.12): the fleet forgets this worker's "
-                "blocks when vLLM publishes AllBlocksCleared",
-                {"confirmed": False},
-            )
-        return ControlResult(True, "prefix cache reset", {"confirmed": True})
-
-    async def _kv_resync(self, args: dict[str, str]) -> ControlResult:
-        if self._subscriber is None or self._hooks is None:
-            return ControlResult(False, "KV events are off for this worker")
-        return ControlResult(True, f"cache republished ({await self.kv.resync()} blocks)")
-
-    async def _lora_load(self, args: dict[str, str]) -> ControlResult:
-        name, path = args.get("name", ""), args.get("path", "")
-        if not name or not path:
-            return ControlResult(False, "lora_load needs args name and path")
-        if not self.config.enable_lora:
-            return ControlResult(False, "LoRA is off for this worker")
-        if self._loras.get(name) is not None:
-            return ControlResult(True, f"adapter {name!r} already loaded")
-        lora = self._loras.add(name, path)
-        try:
-            ok = await self._llm.add_lora(self._backend.lora_request(name, lora.lora_id, path))
-        except Exception:
-            self._loras.remove(name)
-            raise
-        if not ok:
-            self._loras.remove(name)
-            return ControlResult(False, f"vLLM did not load adapter {name!r}")
-        return ControlResult(True, f"adapter {name!r} loaded", {"lora_id": lora.lora_id})
-
-    async def _lora_unload(self, args: dict[str, str]) -> ControlResult:
-        name = args.get("name", "")
-        lora = self._loras.get(name)
-        if lora is None:
-            return ControlResult(False, f"adapter {name!r} is not loaded")
-        ok = await self._llm.remove_lora(lora.lora_id)
-        self._loras.remove(name)
-        detail = f"adapter {name!r} unloaded" if ok else f"adapter {name!r} was not in vLLM"
-        return ControlResult(True, detail)
-
-    async def _lora_list(self, args: dict[str, str]) -> ControlResult:
-        in_vllm = set(await self._llm.list_loras())
-        names = [lora.name for lora in self._loras.loaded() if lora.lora_id in in_vllm]
-        return ControlResult(True, data={"loras": names})
+        return await self._control.run(op, args)
