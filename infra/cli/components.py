@@ -176,6 +176,7 @@ FRONTEND = ConfigFlags(
     "batch_concurrency",
     "batch_pace",
     "batch_ttft_slack",
+    "batch_window_s",
     "takeover_lease_s",
     title="HTTP",
 )

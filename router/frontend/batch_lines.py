@@ -102,6 +102,19 @@ def result_line(custom_id: str, status: int, body: Any, request_id: str) -> dict
     }
 
 
+EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
+
+
+def expired_line(custom_id: str) -> dict[str, Any]:
+    """The error file's line for a request the batch did not run before it expired."""
+    return {
+        "id": new_id("batch_req_"),
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": "batch_expired", "message": EXPIRED_MESSAGE},
+    }
+
+
 def split_results(results: Iterable[dict[str, Any]]) -> tuple[bytes, bytes, int, int]:
     """The output file and the error file (JSONL), each ``custom_id`` once (the first answer
     kept), and how many lines each holds."""
@@ -112,7 +125,7 @@ def split_results(results: Iterable[dict[str, Any]]) -> tuple[bytes, bytes, int,
         if r["custom_id"] in seen:
             continue
         seen.add(r["custom_id"])
-        ok = 200 <= r["response"]["status_code"] < 300
+        ok = r["response"] is not None and 200 <= r["response"]["status_code"] < 300
         (out if ok else err).append(json.dumps(r, separators=(",", ":")))
     return _jsonl(out), _jsonl(err), len(out), len(err)
 
@@ -128,6 +141,7 @@ def batch_object(
     completion_window: str,
     metadata: dict[str, Any] | None,
     total: int,
+    window_s: int = 24 * 3600,
 ) -> dict[str, Any]:
     now = int(time.time())
     return {
@@ -142,7 +156,7 @@ def batch_object(
         "error_file_id": None,
         "created_at": now,
         "in_progress_at": None,
-        "expires_at": now + 24 * 3600,
+        "expires_at": now + window_s,
         "finalizing_at": None,
         "completed_at": None,
         "failed_at": None,

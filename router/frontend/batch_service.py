@@ -36,6 +36,7 @@ from router.frontend.batch_lines import (
     TERMINAL,
     Line,
     batch_object,
+    expired_line,
     file_object,
     multipart_form,
     new_id,
@@ -54,6 +55,7 @@ log = structlog.get_logger("jetfleet.batches")
 BATCH_PRIORITY = 1
 LINE_TRIES = 4  # a line answered 5xx is sent again this many times in all
 LEASE_S = 10.0
+WINDOW_S = 24 * 3600.0  # OpenAI's completion window ("24h", the only one it takes)
 CHECK_S = 1.0
 COUNTS_EVERY_S = 0.5  # the batch object's request_counts are put at most this often
 PACE_WINDOW_S = 1.0  # the pace's window
@@ -124,6 +126,7 @@ class _Running:
     revision: int
     stop: asyncio.Event = field(default_factory=asyncio.Event)  # no new line starts
     cancelled: bool = False  # stopped by a cancel (else: handed over)
+    expired: bool = False  # stopped at the end of its completion window
 
 
 @dataclass
@@ -135,6 +138,7 @@ class BatchService:
     max_file_mb: float = 100.0
     lease_s: float = LEASE_S
     pace: BatchPace | None = None  # None: always ``concurrency`` lines in flight
+    window_s: float = WINDOW_S  # the completion window: expired this long after creation
     in_flight: int = 0  # lines in flight, all batches on this frontend
     _room: asyncio.Event = field(default_factory=asyncio.Event)
     _busy_from: float = 0.0  # monotonic: more than the pace's quiet lines in flight since
@@ -295,8 +299,9 @@ class BatchService:
         content = await self.store.file_content(file_id) or b""
         lines, errors = await asyncio.to_thread(validate, content, endpoint)
         obj = batch_object(
-            new_id("batch_"), endpoint, file_id, "24h", req.get("metadata"), len(lines)
-        )
+            new_id("batch_"), endpoint, file_id, "24h", req.get("metadata"), len(lines),
+            window_s=int(self.window_s),
+        )  # fmt: skip
         if errors:
             obj |= {
                 "status": "failed",
@@ -349,14 +354,28 @@ class BatchService:
             self.running.pop(batch_id, None)
             return
         run = self.running.pop(batch_id, None)
-        if stop.is_set() and not (run is not None and run.cancelled):
-            return  # handed over: another frontend goes on
         cancelled = run is not None and run.cancelled
+        expired = run is not None and run.expired
+        if stop.is_set() and not (cancelled or expired):
+            return  # handed over: another frontend goes on
+        if cancelled or await self.store.cancel_asked(batch_id):
+            end = "cancelled"
+        else:
+            end = "expired" if expired else "completed"
         with contextlib.suppress(Exception):
-            await self._finish(batch_id, cancelled or await self.store.cancel_asked(batch_id))
+            await self._finish(batch_id, end)
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(batch_id)
+
+    def _expire(self, batch_id: str) -> None:
+        """The batch's completion window ended: stop it; its end is ``expired``."""
+        run = self.running.get(batch_id)
+        if run is not None and not run.cancelled:
+            log.info("batch_expired", batch_id=batch_id)
+            run.expired = True
+            run.stop.set()
+            run.task.cancel()  # the lines in flight stop (their workers abort)
 
     async def _run_lines(self, batch_id: str, stop: asyncio.Event) -> None:
         obj = await self.store.get_batch(batch_id)
@@ -364,6 +383,14 @@ class BatchService:
             return
         if await self.store.cancel_asked(batch_id):
             return
+        left = obj["expires_at"] - time.time()
+        timer = asyncio.get_running_loop().call_later(max(left, 0.0), self._expire, batch_id)
+        try:
+            await self._run_todo(batch_id, obj, stop)
+        finally:
+            timer.cancel()
+
+    async def _run_todo(self, batch_id: str, obj: dict[str, Any], stop: asyncio.Event) -> None:
         content = await self.store.file_content(obj["input_file_id"]) or b""
         lines, _ = await asyncio.to_thread(validate, content, obj["endpoint"])
         answered = {r["custom_id"] for r in await self.store.results(batch_id)}
@@ -466,7 +493,10 @@ class BatchService:
         total = obj.get("request_counts", {}).get("total", 0)
         return {"total": total, "completed": ok, "failed": failed}
 
-    async def _finish(self, batch_id: str, cancelled: bool) -> None:
+    async def _finish(self, batch_id: str, end: str) -> None:
+        """Write the output and error files and end the batch ``end`` (completed, cancelled,
+        expired: then each line without an answer is a ``batch_expired`` line of the error
+        file, as in OpenAI's API)."""
         obj = await self.store.get_batch(batch_id)
         if obj is None or obj["status"] in TERMINAL:
             return
@@ -474,6 +504,8 @@ class BatchService:
         obj = obj | {"status": "finalizing", "finalizing_at": now}
         await self.store.put_batch(obj)
         results = await self.store.results(batch_id)
+        if end == "expired":
+            results += await self._unanswered(obj, {r["custom_id"] for r in results})
         out, err, ok, failed = await asyncio.to_thread(split_results, results)
         files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
         for key, content, name in (
@@ -485,11 +517,14 @@ class BatchService:
                 await self.store.put_file(f, content)
                 files[key] = f["id"]
         counts = {"total": obj["request_counts"]["total"], "completed": ok, "failed": failed}
-        end = {"status": "cancelled", "cancelled_at": now} if cancelled else {
-            "status": "completed", "completed_at": now,
-        }  # fmt: skip
-        await self.store.put_batch(obj | files | end | {"request_counts": counts})
-        log.info("batch_finished", batch_id=batch_id, completed=ok, failed=failed, **end)
+        ended = {"status": end, f"{end}_at": now}
+        await self.store.put_batch(obj | files | ended | {"request_counts": counts})
+        log.info("batch_finished", batch_id=batch_id, completed=ok, failed=failed, **ended)
+
+    async def _unanswered(self, obj: dict[str, Any], answered: set[str]) -> list[dict[str, Any]]:
+        content = await self.store.file_content(obj["input_file_id"]) or b""
+        lines, _ = await asyncio.to_thread(validate, content, obj["endpoint"])
+        return [expired_line(line.custom_id) for line in lines if line.custom_id not in answered]
 
     # ---- leases
     def _until(self) -> int:

@@ -84,6 +84,9 @@ class FrontendConfig:
     batch_ttft_slack: float = 0.05
     """How far above its quiet level the interactive median time to first token may rise
     before the batch lines back off."""
+    batch_window_s: float = 24 * 3600.0
+    """A batch not done this long after it was created expires (OpenAI's completion window is
+    24 h; shorter for trials): its unanswered lines go to the error file as ``batch_expired``."""
     takeover_lease_s: float = 10.0
     """A background response or a batch this frontend runs is taken over by another this long
     after the frontend stops renewing its lease (it died, or was cut off)."""
@@ -153,6 +156,7 @@ class Frontend:
             cfg.batch_concurrency,
             cfg.max_file_mb,
             lease_s=cfg.takeover_lease_s,
+            window_s=cfg.batch_window_s,
             pace=(
                 BatchPace(cfg.batch_concurrency, cfg.batch_ttft_slack) if cfg.batch_pace else None
             ),

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import json
 
-from router.frontend.batch_lines import multipart_form, result_line, split_results, validate
+from router.frontend.batch_lines import (
+    EXPIRED_MESSAGE,
+    expired_line,
+    multipart_form,
+    result_line,
+    split_results,
+    validate,
+)
 
 URL = "/v1/chat/completions"
 
@@ -59,3 +66,13 @@ def test_a_multipart_upload_is_read() -> None:
     form = multipart_form("multipart/form-data; boundary=XyZ", body)
     assert form["purpose"] == (None, b"batch")
     assert form["file"] == ("in.jsonl", b'{"a": 1}\n')
+
+
+def test_an_expired_line_goes_to_the_error_file_in_openais_shape() -> None:
+    ok = result_line("a", 200, {"x": 1}, "req_a")
+    out, err, n_ok, n_err = split_results([ok, expired_line("b"), expired_line("a")])
+    assert (n_ok, n_err) == (1, 1)  # "a" was answered first: its expired line is dropped
+    (line,) = [json.loads(x) for x in err.decode().splitlines()]
+    assert line["custom_id"] == "b" and line["response"] is None
+    assert line["error"] == {"code": "batch_expired", "message": EXPIRED_MESSAGE}
+    assert json.loads(out)["custom_id"] == "a"
