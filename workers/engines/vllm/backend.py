@@ -3,7 +3,8 @@
 ``VllmBackend`` is the seam the engine is written against; ``RealVllmBackend`` imports vLLM
 (a GPU build, or the CPU build: see docs/engines/vllm.md) when it is constructed, never at module
 import, so the rest of jetfleet, and the unit tests with a fake backend, run without vLLM.
-vLLM is untyped from here: its objects are ``Any``.
+What the adapter uses of vLLM is typed in ``protocol.py``: ``AsyncLlm``, and ``VllmObject``
+for what it only builds here and hands back.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from workers.engines.vllm import lifeline
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig, engine_args_kwargs
 from workers.engines.vllm.platform import cpu_dtype, cpu_environment, read_cpu_flags
+from workers.engines.vllm.protocol import AsyncLlm, VllmObject
 from workers.engines.vllm.stats import SchedulerStatsCollector, stat_logger_class
 
 
@@ -27,7 +29,7 @@ class VllmNotInstalledError(RuntimeError):
 
 @dataclass(frozen=True)
 class StartedLlm:
-    llm: Any  # vllm.v1.engine.async_llm.AsyncLLM (or a test double with the same methods)
+    llm: AsyncLlm  # vllm.v1.engine.async_llm.AsyncLLM (or a test double with the same methods)
     num_gpu_blocks: int  # KV cache size vLLM settled on after profiling memory
     block_size: int  # tokens per block vLLM actually uses (it may override the asked-for size)
     version: str  # vllm.__version__: which release's behaviour to expect (``versions.py``)
@@ -43,19 +45,19 @@ class VllmBackend(Protocol):
         event loop, in a thread: vLLM's ``AsyncLLM`` starts its asyncio tasks lazily when it is
         built outside a running loop."""
 
-    def sampling_params(self, kwargs: dict[str, Any]) -> Any:
+    def sampling_params(self, kwargs: dict[str, Any]) -> VllmObject:
         """``vllm.SamplingParams(**kwargs, output_kind=DELTA)``."""
 
-    def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
+    def tokens_prompt(self, token_ids: Sequence[int]) -> VllmObject:
         """``vllm.inputs.TokensPrompt(prompt_token_ids=...)``."""
 
-    def pooling_params(self, dimensions: int | None) -> Any:
+    def pooling_params(self, dimensions: int | None) -> VllmObject:
         """``vllm.pooling_params.PoolingParams(task="embed", dimensions=...)``."""
 
-    def embeds_prompt(self, data: bytes) -> tuple[Any, int]:
+    def embeds_prompt(self, data: bytes) -> tuple[VllmObject, int]:
         """``vllm.inputs.EmbedsPrompt(prompt_embeds=tensor)`` and the tensor's positions."""
 
-    def lora_request(self, name: str, lora_id: int, path: str) -> Any:
+    def lora_request(self, name: str, lora_id: int, path: str) -> VllmObject:
         """``vllm.lora.request.LoRARequest(name, lora_id, path)``."""
 
 
@@ -123,7 +125,7 @@ class RealVllmBackend:
     def _on_cpu(self) -> bool:
         return bool(self._platforms.current_platform.is_cpu())
 
-    def sampling_params(self, kwargs: dict[str, Any]) -> Any:
+    def sampling_params(self, kwargs: dict[str, Any]) -> VllmObject:
         delta = self._sampling.RequestOutputKind.DELTA
         kwargs = dict(kwargs)
         for key, cls in (
@@ -134,10 +136,10 @@ class RealVllmBackend:
                 kwargs[key] = getattr(self._sampling, cls)(**kwargs[key])
         return self._sampling.SamplingParams(**kwargs, output_kind=delta)
 
-    def tokens_prompt(self, token_ids: Sequence[int]) -> Any:
+    def tokens_prompt(self, token_ids: Sequence[int]) -> VllmObject:
         return self._inputs.TokensPrompt(prompt_token_ids=list(token_ids))
 
-    def embeds_prompt(self, data: bytes) -> tuple[Any, int]:
+    def embeds_prompt(self, data: bytes) -> tuple[VllmObject, int]:
         """``EmbedsPrompt`` of a ``torch.save``'d tensor (loaded as vLLM's server loads it:
         ``weights_only``, on the CPU), and its number of positions."""
         import io
@@ -150,10 +152,10 @@ class RealVllmBackend:
             )
         return self._inputs.EmbedsPrompt(prompt_embeds=tensor), int(tensor.shape[0])
 
-    def pooling_params(self, dimensions: int | None) -> Any:
+    def pooling_params(self, dimensions: int | None) -> VllmObject:
         """``vllm.PoolingParams(task="embed", dimensions=...)`` (both fields in every release)."""
         pooling = importlib.import_module("vllm.pooling_params")
         return pooling.PoolingParams(task="embed", dimensions=dimensions)
 
-    def lora_request(self, name: str, lora_id: int, path: str) -> Any:
+    def lora_request(self, name: str, lora_id: int, path: str) -> VllmObject:
         return self._lora.LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from workers.engine import ControlResult
+from workers.engines.vllm.protocol import AsyncLlm
 
 if TYPE_CHECKING:  # the engine builds its control with itself
     from workers.engines.vllm.engine import VllmEngine
@@ -41,6 +42,12 @@ class VllmControl:
             "lora_list": self._lora_list,
         }
 
+    @property
+    def llm(self) -> AsyncLlm:
+        if self.e.llm is None:
+            raise RuntimeError("vLLM engine is not running")
+        return self.e.llm
+
     async def run(self, op: str, args: dict[str, str]) -> ControlResult:
         handler = self._handlers.get(op)
         if handler is None:
@@ -54,7 +61,7 @@ class VllmControl:
 
     async def _health(self, args: dict[str, str]) -> ControlResult:
         try:
-            await self.e.llm.check_health()
+            await self.llm.check_health()
         except Exception as exc:
             return ControlResult(False, f"vLLM unhealthy: {type(exc).__name__}: {exc}")
         data: dict[str, object] = {
@@ -64,7 +71,7 @@ class VllmControl:
         }
         if self.e.features is not None and self.e.features.counts_unfinished:
             # requests vLLM itself has not finished (a cancel must bring it to 0)
-            data["vllm_unfinished"] = self.e.llm.get_num_unfinished_requests()
+            data["vllm_unfinished"] = self.llm.get_num_unfinished_requests()
         sub = self.e.subscriber
         if sub is not None:
             st = sub.stats
@@ -93,8 +100,8 @@ class VllmControl:
         self.e.awake.clear()
         try:
             if self.e.features is not None and not self.e.features.sleep_resets_cache:
-                await self.e.llm.reset_prefix_cache()  # 0.10.0 would keep stale entries
-            await self.e.llm.sleep(level)
+                await self.llm.reset_prefix_cache()  # 0.10.0 would keep stale entries
+            await self.llm.sleep(level)
         except Exception as exc:
             self.e.awake.set()
             log.warning("vllm_sleep_failed", level=level, error=repr(exc))
@@ -107,11 +114,11 @@ class VllmControl:
         if self.e.awake.is_set():
             return ControlResult(True, "awake")
         if self.e.sleep_level == 2:  # the weights were discarded: load them again
-            await self.e.llm.wake_up(tags=["weights"])
-            await self.e.llm.collective_rpc("reload_weights")
-            await self.e.llm.wake_up(tags=["kv_cache"])
+            await self.llm.wake_up(tags=["weights"])
+            await self.llm.collective_rpc("reload_weights")
+            await self.llm.wake_up(tags=["kv_cache"])
         else:
-            await self.e.llm.wake_up()
+            await self.llm.wake_up()
         level, self.e.sleep_level = self.e.sleep_level, 0
         self.e.awake.set()
         return ControlResult(True, "awake" + (" (weights reloaded)" if level == 2 else ""))
@@ -145,7 +152,7 @@ class VllmControl:
             return ControlResult(True, f"adapter {name!r} already loaded")
         lora = self.e.loras.add(name, path)
         try:
-            ok = await self.e.llm.add_lora(self.e.backend.lora_request(name, lora.lora_id, path))
+            ok = await self.llm.add_lora(self.e.backend.lora_request(name, lora.lora_id, path))
         except Exception:
             self.e.loras.remove(name)
             raise
@@ -159,12 +166,12 @@ class VllmControl:
         lora = self.e.loras.get(name)
         if lora is None:
             return ControlResult(False, f"adapter {name!r} is not loaded")
-        ok = await self.e.llm.remove_lora(lora.lora_id)
+        ok = await self.llm.remove_lora(lora.lora_id)
         self.e.loras.remove(name)
         detail = f"adapter {name!r} unloaded" if ok else f"adapter {name!r} was not in vLLM"
         return ControlResult(True, detail)
 
     async def _lora_list(self, args: dict[str, str]) -> ControlResult:
-        in_vllm = set(await self.e.llm.list_loras())
+        in_vllm = set(await self.llm.list_loras())
         names = [lora.name for lora in self.e.loras.loaded() if lora.lora_id in in_vllm]
         return ControlResult(True, data={"loras": names})

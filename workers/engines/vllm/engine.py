@@ -46,10 +46,10 @@ import contextlib
 import itertools
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import structlog
 
@@ -68,11 +68,19 @@ from workers.engines.vllm.kv_events import DecodeOptions
 from workers.engines.vllm.kv_follow import KvFollower
 from workers.engines.vllm.lora import LoraRegistry
 from workers.engines.vllm.mapping import finish_reason, logprobs_of, sampling_kwargs
+from workers.engines.vllm.protocol import (
+    AsyncLlm,
+    PoolingRequestOutput,
+    RequestOutput,
+    VllmObject,
+)
 from workers.engines.vllm.stats import SchedulerStatsCollector
 from workers.engines.vllm.subscriber import KvEventSubscriber
 from workers.engines.vllm.versions import VllmFeatures, features
 
 log = structlog.get_logger("jetfleet.vllm")
+
+Out = TypeVar("Out")  # what an output stream of vLLM's yields
 
 
 class VllmConfigMismatchError(RuntimeError):
@@ -107,7 +115,7 @@ class VllmEngine:
         self.block_size = config.block_size
         self.num_gpu_blocks = 0  # known once started
         self.max_model_len: int | None = None  # known once started
-        self.llm: Any = None
+        self.llm: AsyncLlm | None = None
         self.features: VllmFeatures | None = None  # known once started
         self.sleep_level = 0
         self.on_cpu = False  # known once started
@@ -249,7 +257,7 @@ class VllmEngine:
         work = self._embed if request.task == "embed" else self._generate
         run.task = asyncio.create_task(work(run, prompt, params, lora), name=run.vllm_id)
 
-    def _lora_request(self, name: str | None) -> Any:
+    def _lora_request(self, name: str | None) -> VllmObject | None:
         if not name:
             return None
         loaded = self.loras.get(name)
@@ -257,12 +265,14 @@ class VllmEngine:
             raise ValueError(f"LoRA adapter {name!r} is not loaded on this worker")
         return self.backend.lora_request(loaded.name, loaded.lora_id, loaded.path)
 
-    async def _generate(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
+    async def _generate(
+        self, run: _Running, prompt: VllmObject, params: VllmObject, lora: VllmObject | None
+    ) -> None:
         # vLLM refuses a priority unless it schedules by priority
         by_priority = self.config.scheduling_policy == "priority"
         extra = {"priority": run.priority} if by_priority and run.priority else {}
 
-        def start(llm: Any) -> Any:
+        def start(llm: AsyncLlm) -> AsyncGenerator[RequestOutput, None]:
             return llm.generate(
                 prompt=prompt,
                 sampling_params=params,
@@ -273,7 +283,9 @@ class VllmEngine:
 
         await self._drive(run, start, self._deliver)
 
-    async def _embed(self, run: _Running, prompt: Any, params: Any, lora: Any) -> None:
+    async def _embed(
+        self, run: _Running, prompt: VllmObject, params: VllmObject, lora: VllmObject | None
+    ) -> None:
         """``AsyncLLM.encode`` (same signature from 0.10 to 0.33): one pooled vector."""
         await self._drive(
             run,
@@ -284,8 +296,8 @@ class VllmEngine:
     async def _drive(
         self,
         run: _Running,
-        start: Callable[[Any], Any],
-        deliver: Callable[[_Running, Any], bool],
+        start: Callable[[AsyncLlm], AsyncGenerator[Out, None]],
+        deliver: Callable[[_Running, Out], bool],
     ) -> None:
         """Follow one of vLLM's output streams into ``deliver`` until it says the request
         finished; an early end, an exception or a cancellation ends the request cleanly."""
@@ -336,7 +348,7 @@ class VllmEngine:
         if self.hooks is not None:
             self.hooks.failed(reason)
 
-    def _deliver_embedding(self, run: _Running, out: Any) -> bool:
+    def _deliver_embedding(self, run: _Running, out: PoolingRequestOutput) -> bool:
         """A ``PoolingRequestOutput``: the vector, on the finished one."""
         if not out.finished:
             return False
@@ -358,7 +370,7 @@ class VllmEngine:
         )
         return True
 
-    def _deliver(self, run: _Running, out: Any) -> bool:
+    def _deliver(self, run: _Running, out: RequestOutput) -> bool:
         """One ``RequestOutput`` (delta) to the sink; True when it finished the request."""
         completion = out.outputs[0] if out.outputs else None
         tokens = tuple(completion.token_ids) if completion is not None else ()
@@ -381,8 +393,9 @@ class VllmEngine:
         if run.logprobs is not None and completion is not None:
             found = logprobs_of(tokens, completion.logprobs or (), run.logprobs)
             logprobs = tuple(lp for lp in found if lp is not None)
-        if run.prompt is not None and getattr(out, "prompt_logprobs", None):
-            prompt_lps = logprobs_of(run.prompt, out.prompt_logprobs, run.prompt_logprobs)
+        given = getattr(out, "prompt_logprobs", None)  # not in every release's outputs
+        if run.prompt is not None and given:
+            prompt_lps = logprobs_of(run.prompt, given, run.prompt_logprobs)
             run.prompt = None
         run.sink.on_output(
             EngineOutput(

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import structlog
 
@@ -28,6 +27,7 @@ from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engine import KvListener
 from workers.engines.vllm.cache_shadow import CacheShadow
 from workers.engines.vllm.kv_events import DecodedBatch, DecodeOptions, decode_batch
+from workers.engines.vllm.protocol import AsyncLlm
 from workers.engines.vllm.versions import VllmFeatures
 
 log = structlog.get_logger("jetfleet.vllm")
@@ -50,7 +50,7 @@ class KvFollower:
         self._reset_retry_s = reset_retry_s
         self._resync_chunk_tokens = resync_chunk_tokens
         self._listener: KvListener | None = None  # the worker's, from start
-        self._llm: Any = None  # vLLM's AsyncLLM, while it serves
+        self._llm: AsyncLlm | None = None  # vLLM's AsyncLLM, while it serves
         self._features: VllmFeatures | None = None
         self._vllm_clears = 0  # AllBlocksCleared events vLLM itself published
         self._vllm_cleared = asyncio.Event()  # set by each of them
@@ -61,7 +61,7 @@ class KvFollower:
         """Events go to ``listener`` from now on (before vLLM starts: none is missed)."""
         self._listener = listener
 
-    def serve(self, llm: Any, features: VllmFeatures) -> None:
+    def serve(self, llm: AsyncLlm, features: VllmFeatures) -> None:
         """vLLM is up: resets go to ``llm``."""
         self._llm, self._features = llm, features
 
@@ -108,6 +108,8 @@ class KvFollower:
         says = self._features is not None and self._features.reset_returns_bool
         if not says and self._busy():
             return False  # it would refuse, and only log a warning
+        if self._llm is None:
+            raise RuntimeError("vLLM engine is not running")
         result = await self._llm.reset_prefix_cache()
         if not says:
             return None
