@@ -37,7 +37,7 @@ from tests.unit.test_vllm_wire_mirror import (
 from workers.engine import EngineHooks
 from workers.engines.vllm.config import VllmEngineConfig
 from workers.engines.vllm.engine import VllmEngine
-from workers.engines.vllm.kv_events import decode_batch
+from workers.engines.vllm.kv_events import DecodedBatch, decode_batch
 from workers.engines.vllm.subscriber import KvEventSubscriber
 
 TOPIC = "kv-events"
@@ -117,9 +117,14 @@ def stored(h: int, parent: int | None) -> Any:
 
 
 class Recorder:
+    """A subscriber's sink: decodes as the worker does, keeps what arrives."""
+
     def __init__(self) -> None:
         self.events: list[KvCacheEvent] = []
         self.lost: list[str] = []
+
+    def decode(self, payload: bytes) -> DecodedBatch:
+        return decode_batch(payload)
 
     def on_events(self, events: Sequence[KvCacheEvent]) -> None:
         self.events.extend(events)
@@ -176,9 +181,7 @@ async def subscribe(
         pub.endpoint,
         pub.replay_endpoint if replay == "" else replay,
         TOPIC,
-        decode_batch,
-        rec.on_events,
-        rec.on_lost,
+        rec,
         replay_timeout_s=timeout_s,
         ctx=ctx,
     )

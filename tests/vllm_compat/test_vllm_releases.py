@@ -189,9 +189,7 @@ async def test_a_gap_only_replay_can_fill_is_filled_without_a_loss(
         endpoints.connect_publish,
         endpoints.connect_replay,
         TOPIC,
-        decode_batch,
-        rec.on_events,
-        rec.on_lost,
+        rec,
         replay_timeout_s=5.0,
     )
     await sub.start()

@@ -72,7 +72,7 @@ class VllmControl:
         if self.e.features is not None and self.e.features.counts_unfinished:
             # requests vLLM itself has not finished (a cancel must bring it to 0)
             data["vllm_unfinished"] = self.llm.get_num_unfinished_requests()
-        sub = self.e.subscriber
+        sub = self.e.kv.subscriber
         if sub is not None:
             st = sub.stats
             data["kv_events"] = {
@@ -138,7 +138,7 @@ class VllmControl:
         return ControlResult(True, "prefix cache reset", {"confirmed": True})
 
     async def _kv_resync(self, args: dict[str, str]) -> ControlResult:
-        if self.e.subscriber is None or self.e.hooks is None:
+        if self.e.kv.subscriber is None or self.e.hooks is None:
             return ControlResult(False, "KV events are off for this worker")
         return ControlResult(True, f"cache republished ({await self.e.kv.resync()} blocks)")
 

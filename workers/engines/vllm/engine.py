@@ -75,7 +75,6 @@ from workers.engines.vllm.protocol import (
     VllmObject,
 )
 from workers.engines.vllm.stats import SchedulerStatsCollector
-from workers.engines.vllm.subscriber import KvEventSubscriber
 from workers.engines.vllm.versions import VllmFeatures, features
 
 log = structlog.get_logger("jetfleet.vllm")
@@ -134,7 +133,6 @@ class VllmEngine:
         self.hooks: EngineHooks | None = None  # given at start
         self._dead: str | None = None  # why vLLM's engine died (it serves nothing more)
         self._watch_task: asyncio.Task[None] | None = None
-        self.subscriber: KvEventSubscriber | None = None
         self._workdir: Path | None = None
         self._pending_prefill_tokens = 0
         self._prompt_tokens_total = 0
@@ -144,21 +142,12 @@ class VllmEngine:
     # ------------------------------------------------------------------ lifecycle
     async def start(self, hooks: EngineHooks) -> None:
         self.hooks = hooks
-        self.kv.start(hooks.kv_events)
         endpoints = None
         if self.config.kv_events:
             self._workdir = Path(tempfile.mkdtemp(prefix="jetfleet-vllm-"))
             endpoints = self.config.kv_endpoints(self._workdir)
-            self.subscriber = KvEventSubscriber(
-                endpoints.connect_publish,
-                endpoints.connect_replay,
-                endpoints.topic,
-                self.kv.decode,
-                self.kv.on_events,
-                self.kv.on_lost,
-                self.config.kv_replay_timeout_s,
-            )
-            await self.subscriber.start()  # before vLLM binds: no early event is missed
+        # subscribed before vLLM binds: no early event is missed
+        await self.kv.start(hooks.kv_events, endpoints, self.config.kv_replay_timeout_s)
         try:
             started = await asyncio.to_thread(
                 self.backend.start_llm, self.config, endpoints, self._stats
@@ -205,9 +194,6 @@ class VllmEngine:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.kv.stop()
-        if self.subscriber is not None:
-            await self.subscriber.close()
-            self.subscriber = None
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None

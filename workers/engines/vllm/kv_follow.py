@@ -1,8 +1,10 @@
 """The fleet's index follows vLLM's prefix cache: vLLM's KV events on their way to the worker.
 
-- **Events.** vLLM publishes its own events on a ZMQ socket (``subscriber.py`` reads them and
-  fills gaps from vLLM's replay socket, ``kv_events.py`` decodes them). They pass through
-  ``CacheShadow`` (``cache_shadow.py``) on their way to the worker's KV listener.
+- **Events.** vLLM publishes its own events on a ZMQ socket; the follower's subscriber
+  (``subscriber.py``, started with the follower, before vLLM binds) reads them and fills gaps
+  from vLLM's replay socket, ``kv_events.py`` decodes them. They pass through ``CacheShadow``
+  (``cache_shadow.py``) on their way to the worker's KV listener. The engine starts the
+  follower, has it serve once vLLM is up, and stops it: one object for the whole path.
 - **Resync** (control op ``kv_resync``): the shadow is republished, one listener call per chunk
   of ``kv_resync_chunk_tokens`` so the worker publishes each as its own batch; live events wait
   until the last chunk is out.
@@ -26,8 +28,10 @@ import structlog
 from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engine import KvListener
 from workers.engines.vllm.cache_shadow import CacheShadow
+from workers.engines.vllm.config import KvEventsEndpoints
 from workers.engines.vllm.kv_events import DecodedBatch, DecodeOptions, decode_batch
 from workers.engines.vllm.protocol import AsyncLlm
+from workers.engines.vllm.subscriber import KvEventSubscriber
 from workers.engines.vllm.versions import VllmFeatures
 
 log = structlog.get_logger("jetfleet.vllm")
@@ -56,10 +60,23 @@ class KvFollower:
         self._vllm_cleared = asyncio.Event()  # set by each of them
         self._held: list[KvCacheEvent] | None = None  # events arriving during a resync
         self._reset_task: asyncio.Task[None] | None = None
+        self.subscriber: KvEventSubscriber | None = None  # while it follows vLLM's sockets
 
-    def start(self, listener: KvListener) -> None:
-        """Events go to ``listener`` from now on (before vLLM starts: none is missed)."""
+    async def start(
+        self, listener: KvListener, endpoints: KvEventsEndpoints | None, replay_timeout_s: float
+    ) -> None:
+        """Events go to ``listener`` from now on: subscribed to ``endpoints`` before vLLM binds
+        them, so none is missed (None: this worker publishes no KV events)."""
         self._listener = listener
+        if endpoints is not None:
+            self.subscriber = KvEventSubscriber(
+                endpoints.connect_publish,
+                endpoints.connect_replay,
+                endpoints.topic,
+                self,
+                replay_timeout_s=replay_timeout_s,
+            )
+            await self.subscriber.start()
 
     def serve(self, llm: AsyncLlm, features: VllmFeatures) -> None:
         """vLLM is up: resets go to ``llm``."""
@@ -71,6 +88,9 @@ class KvFollower:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if self.subscriber is not None:
+            await self.subscriber.close()
+            self.subscriber = None
 
     @property
     def resetting(self) -> bool:

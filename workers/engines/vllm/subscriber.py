@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 import zmq
@@ -43,9 +44,21 @@ from workers.engines.vllm.kv_events import (
 
 log = structlog.get_logger("jetfleet.vllm.kv")
 
-EventsCallback = Callable[[Sequence[KvCacheEvent]], None]
-LostCallback = Callable[[str], None]
-BatchDecoder = Callable[[bytes], DecodedBatch]
+
+class KvSink(Protocol):
+    """Where the subscriber's batches go (``KvFollower``)."""
+
+    def decode(self, payload: bytes) -> DecodedBatch:
+        """A batch's payload, decoded (raises ``VllmKvDecodeError``)."""
+        ...
+
+    def on_events(self, events: Sequence[KvCacheEvent]) -> None:
+        """A batch's events, in order (an ``AllBlocksCleared`` when events were lost)."""
+        ...
+
+    def on_lost(self, reason: str) -> None:
+        """Events were lost for good (after the ``AllBlocksCleared``)."""
+        ...
 
 
 @dataclass
@@ -64,9 +77,8 @@ class KvEventSubscriber:
         endpoint: str,
         replay_endpoint: str | None,
         topic: str,
-        decode: BatchDecoder,
-        on_events: EventsCallback,
-        on_lost: LostCallback,
+        sink: KvSink,
+        *,
         replay_timeout_s: float = 1.0,
         ctx: zmq.asyncio.Context | None = None,
     ) -> None:
@@ -74,9 +86,7 @@ class KvEventSubscriber:
         self.replay_endpoint = replay_endpoint
         self.topic = topic
         self.stats = SubscriberStats()
-        self._decode = decode
-        self._on_events = on_events
-        self._on_lost = on_lost
+        self._sink = sink
         self._replay_timeout_s = replay_timeout_s
         self._ctx = ctx or zmq.asyncio.Context.instance()
         self._tracker = SequenceTracker()
@@ -136,7 +146,7 @@ class KvEventSubscriber:
     def _apply(self, seq: int, payload: bytes) -> None:
         self._tracker.applied(seq)
         try:
-            batch = self._decode(payload)
+            batch = self._sink.decode(payload)
         except VllmKvDecodeError as exc:
             log.warning("vllm_kv_undecodable", seq=seq, error=str(exc))
             self._lose(f"batch {seq} undecodable: {exc}")
@@ -144,7 +154,7 @@ class KvEventSubscriber:
         self.stats.batches += 1
         self.stats.skipped_events += batch.skipped
         if batch.events:
-            self._on_events(batch.events)
+            self._sink.on_events(batch.events)
 
     async def _fill(self, start: int, stop: int) -> None:
         """Apply batches ``start .. stop-1`` from the replay socket, or give them up."""
@@ -186,5 +196,5 @@ class KvEventSubscriber:
 
     def _lose(self, reason: str) -> None:
         self.stats.losses += 1
-        self._on_events([AllBlocksCleared()])
-        self._on_lost(reason)
+        self._sink.on_events([AllBlocksCleared()])
+        self._sink.on_lost(reason)
