@@ -84,7 +84,7 @@ from planner.profile_fit import (
 from router.client import ClientConfig, FleetClient
 from router.discovery import Discovery, ServedModel
 from router.fleet_state import FleetState, WorkerView
-from router.generation import Generation, NoWorkersError, OverloadedError
+from router.generation import Generation, Leg, NoWorkersError, OverloadedError
 from router.policies import RouteQuery
 from schemas import Request, RouteDecision, SamplingParams, Subjects
 
@@ -117,13 +117,14 @@ class _Load:
     def __init__(
         self,
         client: FleetClient,
+        leg: Leg,
         model: str,
         vocab: Sequence[int],
         isl: int,
         max_tokens: int,
         rng: random.Random,
     ) -> None:
-        self.client, self.model, self.vocab = client, model, vocab
+        self.client, self.leg, self.model, self.vocab = client, leg, model, vocab
         self.isl, self.max_tokens, self.rng = isl, max_tokens, rng
         self.timings: list[RequestTiming] = []
         self.error = ""
@@ -226,7 +227,7 @@ class _Load:
         self.timings.append(timing)
         self._changed.set()
         try:
-            gen = await self.client.generate(request)
+            gen = await self.client.launch(request, leg=self.leg)
         except (NoWorkersError, OverloadedError) as exc:
             timing.error = str(exc)
             return timing
@@ -253,6 +254,7 @@ class _Load:
 async def _sweep(
     phase: Phase,
     client: FleetClient,
+    leg: Leg,
     model: str,
     vocab: Sequence[int],
     steps: Sequence[int],
@@ -266,7 +268,7 @@ async def _sweep(
     osl = 1 if prefill else cfg.decode_osl_tokens
     target_s = cfg.ttft_target_s if prefill else cfg.itl_target_s
     points: list[SweepPoint] = []
-    load = _Load(client, model, vocab, isl, osl, rng)
+    load = _Load(client, leg, model, vocab, isl, osl, rng)
     try:
         for c in steps:
             joined = load.grow_to(c, stagger(osl, c - load.concurrency))
@@ -359,18 +361,19 @@ async def measure_profile(
             discovery.state,
             PinnedRouter(reg.worker_id),
             ClientConfig(
-                role=reg.role,
                 stall_timeout_s=cfg.request_timeout_s,
                 max_attempts=1,  # a lost worker fails the run: no migration to another one
                 max_waiting_per_worker=1 << 30,  # the sweep bounds its own concurrency
             ),
         )
+        # the pinned worker's own role, whatever the model's other workers: no placement
+        leg = Leg(reg.role, (reg.role,), 1, cfg.request_timeout_s)
         client.start()
         vocab = served.tokenizer.text_safe_token_ids()
         top = cfg.max_concurrency or reg.max_num_seqs
         steps = geometric_steps(min(cfg.start_concurrency, top), cfg.step_factor, top)
         rng = random.Random(cfg.seed)
-        args = (client, reg.model, vocab, steps, cfg, rng, report)
+        args = (client, leg, reg.model, vocab, steps, cfg, rng, report)
         prefill_points = await _sweep("prefill", *args)
         prefill = pick_capacity(prefill_points, cfg.ttft_target_s, "prefill", cfg.interpolate)
         decode_points = await _sweep("decode", *args)

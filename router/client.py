@@ -1,6 +1,8 @@
 """The routing library: route a tokenized request, publish it, follow its token stream.
 
 Used by the HTTP frontend (in-process, no extra hop), the router service and ``jetfleet publish``.
+One client serves every kind of model: aggregated workers as ever, and for a model with
+``decode`` workers a per-request placement of the prefill (``router/disagg.py``, below).
 
 Life of a request (``Generation``, ``router/generation.py``):
 1. subscribe to fleet.tok.{request_id} (core NATS: it sees each chunk ahead of any consumer); the
@@ -17,7 +19,29 @@ The client is the generations' ``Dispatch``: it routes, publishes (retrying whil
 elects a leader), cancels, keeps the in-flight count (``FleetState.count``) and releases
 reservations. It learns that a worker left one way, from the fleet state (discovery removing the
 worker), and then only feeds the streams of the requests on it; a stall watchdog feeds them the
-time, and a NATS reconnect starts a catch-up of each.
+time, and a NATS reconnect starts a catch-up of each. One in-flight table and one watchdog for
+all the requests, each generation routed along its ``Leg``.
+
+**Disaggregated models.** Remote placement, for a request ``r``:
+
+1. the decode worker is chosen first (KV-aware over the decode workers, reserved), so the
+   placement (``disagg.plan``) sees what that worker has cached;
+2. ``r-prefill`` goes to the prefill pool (KV-aware over the prefill workers' own events) with
+   ``max_tokens=1``, ``min_tokens=1`` and ``kv_transfer_params={"do_remote_decode": true}``
+   (``router/prefill_leg.py``): the prefill leg of ``r``'s generation;
+3. ``r`` goes to the chosen decode worker once the prefill answered, unchanged but for the
+   ``kv_transfer_params`` it returned: the decode worker pulls the prompt's KV, computes the last
+   prompt token and generates every token, the first included. The prefill's own token is not
+   used, as in vLLM's disaggregation proxy and NVIDIA Dynamo: the whole answer comes from one
+   sampler, and NATS clients read one ordinary stream on ``fleet.tok.r``.
+
+A request that will be prefilled locally wherever it lands (a whole prompt under the threshold,
+the policy ``never``, or no prefill at all: an embedding) is routed over both pools (with a
+router only) and, when a prefill worker is the best, runs there whole (``disagg_reason``
+``..._on_prefill``). A prefill worker's queue, for the saturation rule, is the remote prefills
+in flight there or the requests it reports waiting, not the whole requests it decodes. A prefill
+that fails, stalls past ``prefill_timeout_s`` or cannot be placed falls back to a local prefill
+on the same decode worker: the caller sees a normal answer.
 """
 
 from __future__ import annotations
@@ -37,12 +61,28 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
+from router.disagg import (
+    DisaggConfig,
+    Placement,
+    plan,
+    routes_over_both_pools,
+    stays_on_prefill_worker,
+)
 from router.fleet_state import FleetState
-from router.generation import Generation, NoWorkersError, OverloadedError, Routed, with_route
+from router.generation import (
+    Generation,
+    Leg,
+    NoWorkersError,
+    OverloadedError,
+    Routed,
+    with_route,
+)
 from router.policies import RouteQuery, Router
+from router.prefill_leg import PrefillLeg, prefill_request
 from router.token_stream import StoredChunks, TokenStream
 from schemas import CancelRequested, Request, RouteDecision, encode
-from schemas.requests import routed_msg_id
+from schemas.control import kv_release
+from schemas.requests import prefill_request_id, routed_msg_id
 from schemas.subjects import Subjects
 from schemas.trace import HEADER as TRACE_HEADER
 
@@ -51,10 +91,6 @@ log = structlog.get_logger("jetfleet.router")
 
 @dataclass(frozen=True)
 class ClientConfig:
-    role: str = "agg"
-    also_roles: tuple[str, ...] = ()
-    """Workers of these roles are candidates too (a disaggregated model's local prefills may
-    run on its prefill workers); the pool subject (no router) stays ``role``'s."""
     # no chunk for this long from a live worker whose engine took no step either: migrate
     stall_timeout_s: float = 60.0
     max_attempts: int = 3  # first try + migrations
@@ -80,26 +116,33 @@ class FleetClient:
         state: FleetState,
         router: Router | None,
         cfg: ClientConfig | None = None,
+        disagg: DisaggConfig | None = None,
         on_route: Callable[[RouteDecision], None] = lambda _d: None,
+        on_placement: Callable[[str, Placement], None] = lambda _model, _p: None,
     ) -> None:
+        """``on_placement(model, placement)`` hears where each disaggregated request's prefill
+        was placed."""
         self.nc = nc
         self.js = nc.jetstream()
         self.subjects = subjects
         self.state = state
         self.router = router
-        self.cfg = cfg or ClientConfig()
-        self._roles: tuple[str, ...] = (self.cfg.role, *self.cfg.also_roles)
-        self._remote_prefills = self.cfg.role == "prefill"  # counted apart (disagg_client.py)
+        self.cfg = c = cfg or ClientConfig()
+        self.disagg = disagg or DisaggConfig()
+        self.agg = Leg("agg", ("agg",), c.max_attempts, c.stall_timeout_s)
+        self.decode = Leg("decode", ("decode",), c.max_attempts, c.stall_timeout_s)
+        # over both pools (a local prefill that may run on a prefill worker), with a router only:
+        # without one, a pool is one subject per role
+        self.either = Leg("decode", ("decode", "prefill"), c.max_attempts, c.stall_timeout_s)
+        # a prefill is not migrated: a stalled or lost one is prefilled on the decode worker
+        self.prefill = Leg("prefill", ("prefill",), 1, self.disagg.prefill_timeout_s, True)
         self._on_route = on_route
+        self._on_placement = on_placement
         self._store = StoredChunks(self.js, subjects)
         self.active: dict[str, _InFlight] = {}
         self._background: set[asyncio.Task[None]] = set()  # prefill releases, catch-ups
         self._watchdog: asyncio.Task[None] | None = None
         state.on_departure(self.worker_gone)
-
-    @property
-    def max_attempts(self) -> int:
-        return self.cfg.max_attempts
 
     def start(self) -> None:
         self._watchdog = asyncio.create_task(self._watch(), name="stall-watchdog")
@@ -111,8 +154,8 @@ class FleetClient:
                 await self._watchdog
 
     # ------------------------------------------------------------------ routing
-    async def route(self, request: Request, exclude: Sequence[str]) -> Routed:
-        cands = self.state.candidates(request.model, self._roles, exclude, request.lora_name)
+    async def route(self, request: Request, exclude: Sequence[str], leg: Leg) -> Routed:
+        cands = self.state.candidates(request.model, leg.roles, exclude, request.lora_name)
         if not cands:
             if request.lora_name is not None:
                 raise NoWorkersError(
@@ -121,13 +164,13 @@ class FleetClient:
                 )
             raise NoWorkersError(f"no live worker serves model {request.model!r}")
         if self.router is None:  # pool: any worker of the role pulls
-            return self.subjects.req_pool(request.model, self.cfg.role), None
+            return self.subjects.req_pool(request.model, leg.role), None
         query = RouteQuery(request.model, request.token_ids, request.request_id, request.lora_name)
         decision = await self.router.route(query, cands)
         return self.subjects.req_worker(request.model, decision.worker_id), decision
 
-    def check_capacity(self, model: str, lora: str | None = None) -> None:
-        if self.state.saturated(model, self._roles, self.cfg.max_waiting_per_worker, lora):
+    def check_capacity(self, model: str, leg: Leg, lora: str | None = None) -> None:
+        if self.state.saturated(model, leg.roles, self.cfg.max_waiting_per_worker, lora):
             raise OverloadedError(f"every worker serving {model!r} is saturated")
 
     async def publish(self, request: Request, subject: str, traceparent: str | None) -> None:
@@ -158,12 +201,12 @@ class FleetClient:
             self.subjects.cancel(request_id), encode(CancelRequested(request_id, reason))
         )
 
-    async def route_request(self, request: Request) -> Routed:
+    async def route_request(self, request: Request, leg: Leg) -> Routed:
         """Choose the worker (and reserve it, for the kv router) without publishing: hand the
-        result to ``generate``, or to ``unroute`` when the request will not go there."""
-        await self._wait_for_worker(request.model, request.lora_name)
-        self.check_capacity(request.model, request.lora_name)
-        return await self.route(request, [])
+        result to ``launch``, or to ``unroute`` when the request will not go there."""
+        await self._wait_for_worker(request.model, leg, request.lora_name)
+        self.check_capacity(request.model, leg, request.lora_name)
+        return await self.route(request, [], leg)
 
     async def unroute(self, request_id: str) -> None:
         """Drop the reservation of a ``route_request`` whose request was not sent."""
@@ -171,18 +214,106 @@ class FleetClient:
             with contextlib.suppress(Exception):
                 await self.router.finished(request_id)
 
-    async def generate(
+    async def generate(self, request: Request, traceparent: str | None = None) -> Generation:
+        """Route and publish (a disaggregated model's request: with its prefill placed); raises
+        NoWorkersError / OverloadedError before anything is sent. ``traceparent`` (W3C) goes
+        with every attempt's message as a NATS header."""
+        state, model, lora = self.state, request.model, request.lora_name
+        if not state.candidates(model, "decode", lora=lora) and not state.candidates(
+            model, "prefill", lora=lora
+        ):
+            return await self.launch(request, traceparent, leg=self.agg)
+        # a disaggregated model (decode workers, or prefill workers whose decode workers are not
+        # up yet: the decode leg waits for them as the aggregated one would, unless the request
+        # may run whole on a prefill worker)
+        routed, placement, leg = await self._route_disagg(request)
+        if leg is self.either:  # local anyway: the prefill worker runs it start to end
+            placement = Placement(False, f"{placement.reason}_on_prefill")
+        self._on_placement(model, placement)
+        prefill: PrefillLeg | None = None
+        if placement.remote:
+            accepted = time.monotonic()
+            try:
+                pgen = await self.launch(prefill_request(request), traceparent, leg=self.prefill)
+            except (NoWorkersError, OverloadedError) as exc:
+                log.info("prefill_unplaced", request_id=request.request_id, error=str(exc))
+                placement = Placement(False, "prefill_unavailable")
+            except BaseException:  # the decode reservation must not outlive the request
+                await self.unroute(request.request_id)
+                raise
+            else:
+                prefill = PrefillLeg(pgen, self.disagg.prefill_timeout_s, accepted, self)
+        disagg = ("remote" if prefill else "local", placement.reason)
+        try:
+            return await self.launch(request, traceparent, routed, leg, disagg, prefill)
+        except BaseException:  # the reservation (and a prefill) must not outlive the request
+            if prefill is not None:
+                await prefill.cancel("decode_unplaced", True)
+            await self.unroute(request.request_id)
+            raise
+
+    async def _route_disagg(self, request: Request) -> tuple[Routed, Placement, Leg]:
+        """The worker (reserved), the placement, and the leg the request runs on: ``either``
+        when the worker is a prefill worker that runs it whole (``router/disagg.py``), else
+        ``decode``."""
+        if self.router is not None and (
+            not _prefills(request) or routes_over_both_pools(self.disagg, len(request.token_ids))
+        ):
+            routed = await self.route_request(request, self.either)
+            placement = self._plan(request, routed[1])
+            if not self._is_prefill_worker(routed[1]):
+                return routed, placement, self.decode
+            if stays_on_prefill_worker(placement):
+                return routed, placement, self.either
+            # a race (the prefill pool filled up since): the decode pool, as for a long prompt
+            await self.unroute(request.request_id)
+        routed = await self.route_request(request, self.decode)
+        return routed, self._plan(request, routed[1]), self.decode
+
+    def _is_prefill_worker(self, decision: RouteDecision | None) -> bool:
+        view = self.state.workers.get(decision.worker_id) if decision is not None else None
+        return view is not None and view.reg.role == "prefill"
+
+    def _plan(self, request: Request, decision: RouteDecision | None) -> Placement:
+        overlap, block_size = 0, 16
+        if decision is not None:
+            chosen = [c for c in decision.candidates if c.worker_id == decision.worker_id]
+            overlap = chosen[0].overlap_blocks if chosen else 0
+            view = self.state.workers.get(decision.worker_id)
+            block_size = view.reg.block_size if view is not None else block_size
+        queued = [
+            max(v.remote_prefills, v.load.num_waiting if v.load else 0)
+            for v in self.state.candidates(request.model, "prefill", lora=request.lora_name)
+        ]
+        return plan(
+            self.disagg, len(request.token_ids), _prefills(request), overlap, block_size, queued
+        )
+
+    async def release_prefill(self, worker_id: str, request_id: str) -> None:
+        """Tell a prefill worker the blocks it holds for ``request_id``'s remote prefill may go."""
+        if not worker_id:
+            return
+        with contextlib.suppress(Exception):
+            await self.nc.publish(
+                self.subjects.ctl(worker_id, "kv_release"),
+                encode(kv_release(prefill_request_id(request_id))),
+            )
+
+    async def launch(
         self,
         request: Request,
         traceparent: str | None = None,
         routed: Routed | None = None,
+        leg: Leg | None = None,
         disagg: tuple[str, str] = ("", ""),
+        prefill: PrefillLeg | None = None,
     ) -> Generation:
-        """Route (unless ``routed`` by ``route_request``) and publish; raises NoWorkersError /
-        OverloadedError before anything is sent. ``traceparent`` (W3C) goes with every attempt's
-        message as a NATS header; ``disagg``: the generation's placement, for its observation."""
+        """One generation along ``leg`` (default: aggregated): routed (unless ``routed`` by
+        ``route_request``) and published, or, with a ``prefill`` leg, held until it answers;
+        ``disagg``: its placement, for its observation."""
+        leg = leg or self.agg
         if routed is None:
-            routed = await self.route_request(request)
+            routed = await self.route_request(request, leg)
         subject, decision = routed
         if decision is not None:
             request = with_route(request, decision)
@@ -193,12 +324,15 @@ class FleetClient:
             stream.feed_wire(msg.data)
 
         sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=feed)
-        gen = Generation(self, request, decision, stream, traceparent, disagg)
+        held = (prefill, subject) if prefill is not None else None
+        gen = Generation(self, request, decision, stream, leg, traceparent, disagg, held)
         self.active[request.request_id] = _InFlight(gen, sub)
-        self.moved("", gen.worker_id)
+        self.moved("", gen.worker_id, leg)
         if gen.worker_id and not self.state.is_alive(gen.worker_id):
             # it left while the request was being routed, before it was in ``active``
             stream.interrupt(f"worker {gen.worker_id} left")
+        if prefill is not None:
+            return gen  # published once the prefill answered
         try:
             await self.publish(request, subject, traceparent)
         except BaseException:  # a cancelled caller too: no entry, count or subscription left
@@ -207,18 +341,18 @@ class FleetClient:
         stream.published()
         return gen
 
-    async def _wait_for_worker(self, model: str, lora: str | None = None) -> None:
+    async def _wait_for_worker(self, model: str, leg: Leg, lora: str | None = None) -> None:
         deadline = time.monotonic() + self.cfg.wait_for_worker_s
         # polled: discovery has no per-model event to wait on
-        while not self.state.candidates(model, self._roles, lora=lora):
+        while not self.state.candidates(model, leg.roles, lora=lora):
             if time.monotonic() >= deadline:
                 return
             await asyncio.sleep(0.05)
 
     # ------------------------------------------------------------------ requests in flight
-    def moved(self, from_worker: str, to_worker: str) -> None:
-        self.state.count(from_worker, -1, self._remote_prefills)
-        self.state.count(to_worker, +1, self._remote_prefills)
+    def moved(self, from_worker: str, to_worker: str, leg: Leg) -> None:
+        self.state.count(from_worker, -1, leg.remote_prefill)
+        self.state.count(to_worker, +1, leg.remote_prefill)
 
     def first_token(self, request_id: str) -> None:
         """Release the prefill part of a reservation, off the token path: a slow or lost Redis
@@ -239,7 +373,7 @@ class FleetClient:
         entry = self.active.pop(request_id, None)
         if entry is None:
             return
-        self.state.count(worker_id, -1, self._remote_prefills)
+        self.state.count(worker_id, -1, entry.gen.leg.remote_prefill)
         if self.router is not None:
             try:
                 await self.router.finished(request_id)
@@ -255,12 +389,16 @@ class FleetClient:
                 entry.gen.stream.interrupt(f"worker {worker_id} left")
 
     async def _watch(self) -> None:
+        period = min(1.0, self.cfg.stall_timeout_s / 4, self.prefill.stall_timeout_s / 4)
         while True:
-            await asyncio.sleep(min(1.0, self.cfg.stall_timeout_s / 4))
+            await asyncio.sleep(period)
             now = time.monotonic()
             for entry in list(self.active.values()):
-                progress = self.state.progress_at(entry.gen.worker_id)
-                entry.gen.stream.check_stall(now, self.cfg.stall_timeout_s, progress)
+                gen = entry.gen
+                if gen.held:  # not published yet: its prefill leg has its own clock
+                    continue
+                progress = self.state.progress_at(gen.worker_id)
+                gen.stream.check_stall(now, gen.leg.stall_timeout_s, progress)
 
     async def catch_up(self) -> None:
         """After a NATS reconnect (a hook: returns at once, the work runs in a task): each
@@ -281,3 +419,8 @@ class FleetClient:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _prefills(request: Request) -> bool:
+    """A request with a prompt to prefill (not an embedding, not prompt embeddings)."""
+    return request.task == "generate" and request.prompt_embeds is None

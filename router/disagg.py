@@ -113,3 +113,19 @@ def place(cfg: DisaggConfig, uncached: int, prefill_queued: Sequence[int]) -> Pl
     if cfg.policy in ("load", "isl_or_load") and full:
         return Placement(False, "prefill_saturated")
     return Placement(True, "long_uncached" if cfg.policy != "load" else "prefill_free")
+
+
+def plan(
+    cfg: DisaggConfig,
+    prompt_len: int,
+    prefills: bool,
+    overlap_blocks: int,
+    block_size: int,
+    prefill_queued: Sequence[int],
+) -> Placement:
+    """Where a request routed to a decode worker (``overlap_blocks`` of its prompt cached there,
+    blocks of ``block_size``) is prefilled: ``prefills`` is False for a request with nothing to
+    prefill (an embedding, prompt embeddings), which stays local."""
+    if not prefills:
+        return Placement(False, "not_a_prefill")
+    return place(cfg, uncached_tokens(prompt_len, overlap_blocks, block_size), prefill_queued)

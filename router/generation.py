@@ -10,18 +10,27 @@ then the generation routes and publishes the new attempt through its ``Dispatch`
 uninterrupted stream.
 
 The ``Dispatch`` is the only way out: routing, publishing, cancelling, the in-flight count and
-the reservation's release. The client never changes a generation; it feeds its stream.
+the reservation's release. The client never changes a generation; it feeds its stream. Each
+generation is routed along its ``Leg`` (the workers' roles it may go to, its attempts and stall
+timeout).
+
+A disaggregated request's generation has a **prefill leg** (``router/prefill_leg.py``): its first
+attempt is routed (reserved) but held until the remote prefill answers, then published with the
+prefill's KV transfer parameters (its worker pulls the prompt's KV), or without them when the
+prefill gave no answer (its worker prefills itself: ``disagg`` ``local``, with the reason).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import msgspec
 import structlog
 
+from router.prefill_leg import PrefillLeg
 from router.token_stream import Interrupted, TokenStream
 from schemas import Request, RouteDecision, SamplingParams, TokenChunk
 from schemas.tokens import error_chunk
@@ -40,13 +49,21 @@ class OverloadedError(RuntimeError):
 Routed = tuple[str, RouteDecision | None]  # the subject to publish on, the decision (pool: None)
 
 
+@dataclass(frozen=True)
+class Leg:
+    """How a generation is routed and followed."""
+
+    role: str  # the pool subject's role (no router: any worker of the role pulls)
+    roles: tuple[str, ...]  # the candidates' roles
+    max_attempts: int  # first try + migrations
+    stall_timeout_s: float  # no chunk for this long from a worker making no progress: migrate
+    remote_prefill: bool = False  # counted apart in the fleet state (the saturation rule)
+
+
 class Dispatch(Protocol):
     """What a generation asks of the client that made it."""
 
-    @property
-    def max_attempts(self) -> int: ...
-
-    async def route(self, request: Request, exclude: Sequence[str]) -> Routed:
+    async def route(self, request: Request, exclude: Sequence[str], leg: Leg) -> Routed:
         """Raises ``NoWorkersError``, or whatever the routing backend raises."""
         ...
 
@@ -56,7 +73,7 @@ class Dispatch(Protocol):
         """Tell the worker to stop (a lost message is tolerated)."""
         ...
 
-    def moved(self, from_worker: str, to_worker: str) -> None:
+    def moved(self, from_worker: str, to_worker: str, leg: Leg) -> None:
         """The request's current attempt now runs on ``to_worker`` ("" : not known yet)."""
         ...
 
@@ -70,20 +87,19 @@ class Dispatch(Protocol):
 class Generation:
     """One request in flight; iterate it for its ``TokenChunk``s."""
 
-    prefill_worker_id = ""  # a plain generation has no remote prefill (router/disagg_client.py)
-    prefill_s = 0.0
-
     def __init__(
         self,
         dispatch: Dispatch,
         request: Request,
         decision: RouteDecision | None,
         stream: TokenStream,
+        leg: Leg,
         traceparent: str | None = None,
         disagg: tuple[str, str] = ("", ""),
+        prefill: tuple[PrefillLeg, str] | None = None,
     ) -> None:
-        """``disagg``: (placement, reason) when a disaggregated fleet chose to prefill this
-        request on its decode worker ("local")."""
+        """``disagg``: (placement, reason) of a disaggregated fleet's request; ``prefill``: its
+        remote prefill and the subject its first attempt goes to once the prefill answered."""
         self.request = request  # the current attempt
         self.prompt_len = len(request.token_ids)
         self.decision = decision
@@ -96,7 +112,13 @@ class Generation:
         self.traceparent = traceparent
         self.disagg, self.disagg_reason = disagg
         self.stream = stream
+        self.leg = leg
+        self.prefill_worker_id = ""  # a remote prefill's worker, once it answered
+        self.prefill_s = 0.0  # accepted to the remote prefill's answer
         self._dispatch = dispatch
+        self._prefill: PrefillLeg | None = prefill[0] if prefill is not None else None
+        self._held_subject = prefill[1] if prefill is not None else ""
+        self._answered: PrefillLeg | None = None  # a prefill whose blocks the decode pulls
 
     @property
     def request_id(self) -> str:
@@ -115,11 +137,21 @@ class Generation:
         """Chunks have arrived that the iteration has not reached yet."""
         return self.stream.pending
 
+    @property
+    def held(self) -> bool:
+        """The first attempt waits for the remote prefill: nothing of it is published yet."""
+        return self._prefill is not None
+
     def __aiter__(self) -> AsyncIterator[TokenChunk]:
         return self._chunks()
 
     async def _chunks(self) -> AsyncIterator[TokenChunk]:
         try:
+            if self._prefill is not None:
+                failed = await self._after_prefill(self._prefill)
+                if failed is not None:
+                    self.stream.end()
+                    yield failed
             while not self.done:
                 event = await self.stream.next()
                 if isinstance(event, Interrupted):
@@ -133,7 +165,35 @@ class Generation:
                     self.stream.end()
                 yield event
         finally:
-            await self._dispatch.release(self.request_id, self.worker_id)
+            await self._release()
+
+    async def _release(self) -> None:
+        await self._dispatch.release(self.request_id, self.worker_id)
+        if self._answered is not None:
+            # Normally the decode worker already told the prefill worker it pulled the KV; if
+            # it died first (or the request ended early), this frees the held blocks now rather
+            # than at the hold timeout.
+            await self._answered.release(self.request_id)
+
+    async def _after_prefill(self, leg: PrefillLeg) -> TokenChunk | None:
+        """The remote prefill's answer, then the first attempt out; a final chunk when it
+        could not be published."""
+        first = await leg.answer(self.request_id)
+        self._prefill = None
+        self.prefill_worker_id, self.prefill_s = leg.worker_id, leg.seconds
+        if first is None:
+            self.disagg, self.disagg_reason = "local", leg.failure
+        else:
+            self._answered = leg
+            self.request = msgspec.structs.replace(
+                self.request, kv_transfer_params=dict(first.kv_transfer_params or {})
+            )
+        try:
+            await self._dispatch.publish(self.request, self._held_subject, self.traceparent)
+        except Exception as exc:
+            return self._attempt_failed(self.request, f"could not publish: {exc}")
+        self.stream.published()
+        return None
 
     def _take(self, chunk: TokenChunk) -> None:
         if chunk.index == 0:
@@ -147,7 +207,7 @@ class Generation:
             self.kv_transfer_ms = chunk.usage.kv_transfer_ms
 
     def _move(self, worker_id: str) -> None:
-        self._dispatch.moved(self.worker_id, worker_id)
+        self._dispatch.moved(self.worker_id, worker_id, self.leg)
         self.worker_id = worker_id
 
     async def _migrate(self, reason: str) -> TokenChunk | None:
@@ -161,9 +221,7 @@ class Generation:
             reason=reason,
             generated=len(self.generated),
         )
-        nxt = next_attempt(
-            old, self.prompt_len, self.generated, self._dispatch.max_attempts, reason
-        )
+        nxt = next_attempt(old, self.prompt_len, self.generated, self.leg.max_attempts, reason)
         if isinstance(nxt, TokenChunk):
             return msgspec.structs.replace(nxt, index=self.stream.next_index)
         with contextlib.suppress(Exception):  # tell a stalled (not dead) worker to stop
@@ -172,7 +230,7 @@ class Generation:
         self.request = nxt
         self.stream.begin_attempt(nxt.attempt)
         try:
-            subject, decision = await self._dispatch.route(nxt, self.tried)
+            subject, decision = await self._dispatch.route(nxt, self.tried, self.leg)
         except NoWorkersError as exc:
             return self._attempt_failed(nxt, f"{reason}; {exc}")
         except Exception as exc:  # routing backend down (Redis): end clearly, not with a hang
@@ -205,10 +263,13 @@ class Generation:
             return
         self.stream.end()
         try:
+            if self._prefill is not None:
+                await self._prefill.cancel(reason, stop_worker)
+                self._prefill = None
             if stop_worker:
                 await self._dispatch.cancel(self.request_id, reason)
         finally:
-            await self._dispatch.release(self.request_id, self.worker_id)
+            await self._release()
 
 
 def next_attempt(

@@ -26,7 +26,7 @@ from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
 from base.tracing import Span, Tracing
-from router.disagg_client import DisaggClient, DisaggGeneration
+from router.client import FleetClient
 from router.generation import Generation, NoWorkersError, OverloadedError
 from router.observation import observation
 from router.stack import RoutingStack, StackConfig
@@ -59,7 +59,7 @@ class RouterService:
         self,
         cfg: RouterServiceConfig,
         nc: NATS,
-        client: DisaggClient,
+        client: FleetClient,
         vocab_size: Callable[[str], int | None] = lambda _model: None,
         registry: CollectorRegistry | None = None,
         tracing: Tracing | None = None,
@@ -125,7 +125,7 @@ class RouterService:
         chunk = error_chunk(req.request_id, req.attempt, 0, error)
         await self.nc.publish(self.subjects.tok(req.request_id), encode(chunk))
 
-    async def _follow(self, gen: Generation | DisaggGeneration, span: Span) -> None:
+    async def _follow(self, gen: Generation, span: Span) -> None:
         started = time.monotonic()
         first = 0.0
         reason: str | None = None

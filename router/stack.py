@@ -5,7 +5,7 @@ the discovery that feeds them. ``close`` takes it down in reverse, Redis include
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NATS
@@ -14,7 +14,6 @@ from base.connect import Hook, close_nats, connect_nats, connect_redis
 from base.topology import ensure_topology
 from router.client import ClientConfig, FleetClient
 from router.disagg import DisaggConfig, Placement
-from router.disagg_client import DisaggClient
 from router.discovery import Discovery
 from router.fleet_state import FleetState
 from router.kv.router import KvRouterConfig
@@ -47,7 +46,7 @@ class RoutingStack:
     redis: aioredis.Redis | None
     state: FleetState
     router: Router | None
-    client: DisaggClient
+    client: FleetClient
     discovery: Discovery
 
     @classmethod
@@ -94,26 +93,9 @@ def build_client(
     state: FleetState,
     router: Router | None,
     on_placement: Callable[[str, Placement], None] = lambda _model, _p: None,
-) -> DisaggClient:
-    """One client per role over the same fleet state and router: aggregated workers, and the
-    prefill and decode pools of disaggregated models (``router/disagg_client.py``)."""
-    base, disagg = cfg.client, cfg.disagg
-
-    def client(role_cfg: ClientConfig) -> FleetClient:
-        return FleetClient(nc, cfg.subjects, state, router, role_cfg)
-
-    # a prefill is not migrated: a stalled or lost one is prefilled on the decode worker instead
-    prefill = replace(
-        base, role="prefill", max_attempts=1, stall_timeout_s=disagg.prefill_timeout_s
-    )
-    decode = replace(base, role="decode")
-    # over both pools only with a router: a pool (no router) is one subject per role
-    either = client(replace(decode, also_roles=("prefill",))) if router is not None else None
-    return DisaggClient(
-        client(replace(base, role="agg")),
-        client(prefill),
-        client(decode),
-        disagg,
-        either,
-        on_placement,
+) -> FleetClient:
+    """The one client over the fleet state and router: aggregated workers, and the prefill and
+    decode pools of disaggregated models (``router/client.py``)."""
+    return FleetClient(
+        nc, cfg.subjects, state, router, cfg.client, cfg.disagg, on_placement=on_placement
     )

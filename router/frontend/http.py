@@ -40,7 +40,7 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from base.tracing import Span, Tracing
-from router.disagg_client import DisaggClient
+from router.client import FleetClient
 from router.discovery import Discovery
 from router.frontend import anthropic, asgi, chat, completions, embeddings
 from router.frontend.batch_pace import BatchPace
@@ -117,7 +117,7 @@ class Frontend:
         self,
         cfg: FrontendConfig,
         discovery: Discovery,
-        client: DisaggClient,
+        client: FleetClient,
         metrics: FrontendMetrics,
         frontend_id: str,
         redis: aioredis.Redis | None = None,
@@ -137,13 +137,14 @@ class Frontend:
         store = ResponsesStore(client.nc, client.subjects)
 
         async def start_request(request: Request) -> Generation:
-            fleet = client.agg if client.state.candidates(request.model, "agg") else client.decode
-            return await fleet.generate(request)
+            """A taken-over request's next attempt, on the workers that ran it."""
+            agg = client.state.candidates(request.model, "agg")
+            return await client.launch(request, leg=client.agg if agg else client.decode)
 
         runner = BackgroundRunner(
             store,
             frontend_id,
-            client.agg.cancel,
+            client.cancel,
             start_request,
             cfg.max_body_mb,
             lease_s=cfg.takeover_lease_s,

@@ -22,7 +22,7 @@ import msgspec
 import structlog
 
 from model.structured import problem as instance_problem
-from router.disagg_client import DisaggClient
+from router.client import FleetClient
 from router.discovery import Discovery, ServedModel
 from router.frontend import asgi
 from router.frontend.errors import OpenAIError, bad
@@ -63,7 +63,7 @@ class Serving:
     def __init__(
         self,
         discovery: Discovery,
-        client: DisaggClient,
+        client: FleetClient,
         metrics: FrontendMetrics,
         tokenizer: PromptTokenizer,
         observer: Observer,

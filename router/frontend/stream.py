@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.disagg_client import DisaggGeneration
 from router.frontend import asgi
 from router.frontend.errors import OpenAIError
 from router.frontend.logprobs import CompletionLogprobs, chat_content, merge_completion
@@ -29,7 +28,7 @@ from router.generation import Generation
 from router.takeover import TakenOver
 from schemas import TokenChunk
 
-AnyGeneration = Generation | DisaggGeneration | TakenOver
+AnyGeneration = Generation | TakenOver
 Event = tuple[int, Delta, str | None, Any]  # choice index, delta, finish reason, its logprobs
 
 

@@ -8,6 +8,7 @@ from router.disagg import (
     DisaggConfig,
     Placement,
     place,
+    plan,
     routes_over_both_pools,
     saturated,
     stays_on_prefill_worker,
@@ -117,3 +118,11 @@ def test_replay_request_says_how_much_came_from_host_memory() -> None:
     gpu = RequestObservation("r2", "m", "ok", 1.0, cached_tokens=64)
     assert "cached 64," in summarize_observation(gpu)
     assert "host" not in summarize_observation(gpu)
+
+
+def test_the_plan_places_what_the_decode_worker_lacks_and_keeps_non_prefills_local() -> None:
+    cfg = DisaggConfig(policy="isl", isl_threshold=2048)
+    # 3,000 tokens, 64 blocks of 16 cached on the chosen decode worker: 1,976 left, short
+    assert plan(cfg, 3000, True, 64, 16, [0]) == Placement(False, "short_uncached")
+    assert plan(cfg, 3000, True, 59, 16, [0]) == Placement(True, "long_uncached")  # 2,056 left
+    assert plan(cfg, 3000, False, 0, 16, [0]) == Placement(False, "not_a_prefill")

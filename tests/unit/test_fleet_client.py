@@ -28,8 +28,8 @@ def _request(rid: str) -> Request:
 async def test_the_fleet_state_counts_requests_in_flight_and_their_release() -> None:
     state = fleet_state(registration("w1"), registration("w2"))
     client = _client(state)
-    a = await client.generate(_request("a"), routed=("s", RouteDecision("kv", "w1")))
-    await client.generate(_request("b"), routed=("s", RouteDecision("kv", "w1")))
+    a = await client.launch(_request("a"), routed=("s", RouteDecision("kv", "w1")))
+    await client.launch(_request("b"), routed=("s", RouteDecision("kv", "w1")))
     assert [state.workers[w].in_flight for w in ("w1", "w2")] == [2, 0]
     assert state.workers["w1"].remote_prefills == 0  # an aggregated client's requests
     await a.cancel()
@@ -40,8 +40,8 @@ async def test_the_fleet_state_counts_requests_in_flight_and_their_release() -> 
 async def test_a_worker_removed_from_the_fleet_state_interrupts_what_ran_there() -> None:
     state = fleet_state(registration("w1"), registration("w2"))
     client = _client(state)
-    on_w1 = await client.generate(_request("a"), routed=("s", RouteDecision("kv", "w1")))
-    on_w2 = await client.generate(_request("b"), routed=("s", RouteDecision("kv", "w2")))
+    on_w1 = await client.launch(_request("a"), routed=("s", RouteDecision("kv", "w1")))
+    on_w2 = await client.launch(_request("b"), routed=("s", RouteDecision("kv", "w2")))
     state.remove("w1")
     assert on_w1.pending and not on_w2.pending
     assert on_w1.stream.attempt == 0
@@ -50,5 +50,5 @@ async def test_a_worker_removed_from_the_fleet_state_interrupts_what_ran_there()
 async def test_a_worker_gone_while_the_request_was_routed_is_caught_at_registration() -> None:
     state = fleet_state(registration("w1"))
     client = _client(state)
-    gen = await client.generate(_request("a"), routed=("s", RouteDecision("kv", "gone")))
+    gen = await client.launch(_request("a"), routed=("s", RouteDecision("kv", "gone")))
     assert gen.pending  # interrupted at once, not at the stall timeout

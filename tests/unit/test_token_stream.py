@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.generation import Generation, NoWorkersError, migrated_request, next_attempt
+from router.generation import Generation, Leg, NoWorkersError, migrated_request, next_attempt
 from router.service import made_here
 from router.token_stream import Interrupted, TokenStream
 from schemas import Request, SamplingParams, TokenChunk
@@ -158,9 +158,7 @@ def test_a_prompt_of_embeddings_cannot_move_once_it_has_generated() -> None:
 class NoneLeft:
     """``Dispatch`` with nowhere to move a request: routing raises ``NoWorkersError``."""
 
-    max_attempts = 3
-
-    async def route(self, request: Request, exclude: object) -> object:
+    async def route(self, request: Request, exclude: object, leg: object) -> object:
         raise NoWorkersError("no worker left")
 
     async def publish(self, request: Request, subject: str, traceparent: str | None) -> None:
@@ -169,7 +167,7 @@ class NoneLeft:
     async def cancel(self, request_id: str, reason: str) -> None:
         pass
 
-    def moved(self, from_worker: str, to_worker: str) -> None:
+    def moved(self, from_worker: str, to_worker: str, leg: object) -> None:
         pass
 
     def first_token(self, request_id: str) -> None:
@@ -181,7 +179,7 @@ class NoneLeft:
 
 async def test_a_new_attempt_that_cannot_start_says_what_it_continued_from() -> None:
     stream = TokenStream("r", Store())
-    gen = Generation(NoneLeft(), REQ, None, stream)  # type: ignore[arg-type]
+    gen = Generation(NoneLeft(), REQ, None, stream, Leg("agg", ("agg",), 3, 60.0))  # type: ignore[arg-type]
     stream.published()
     stream.feed(TokenChunk("r", 0, 0, (7, 8), worker_id="w1"))
     stream.interrupt("stalled")
