@@ -163,21 +163,25 @@ def test_a_batch_past_its_completion_window_expires_with_what_was_answered(fleet
     url = f.start_frontend(
         "--router", "round-robin", "--batch-window", "4", name="frontend-window", port=free_port()
     )  # fmt: skip
-    client = openai_client(url)
-    lines = [_chat_line(i, max_tokens=2000) for i in range(400)]
-    file = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
-    b = client.batches.create(
-        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
-    )
-    assert b.expires_at is not None and b.expires_at - b.created_at == 4
-    done = wait_until(lambda: _finished(client, b.id), 60, "batch expired")
-    assert done.status == "expired" and done.expired_at is not None
-    answered, errors = _lines(client, done.output_file_id), _lines(client, done.error_file_id)
-    assert len({x["custom_id"] for x in answered + errors}) == len(answered + errors) == 400
-    expired = [x for x in errors if x["error"] and x["error"]["code"] == "batch_expired"]
-    assert expired and all(x["response"] is None for x in expired)
-    counts = done.request_counts
-    assert counts is not None and (counts.completed, counts.failed) == (len(answered), len(errors))
+    try:
+        client = openai_client(url)
+        lines = [_chat_line(i, max_tokens=2000) for i in range(400)]
+        file = client.files.create(file=("in.jsonl", _jsonl(lines)), purpose="batch")
+        b = client.batches.create(
+            input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        assert b.expires_at is not None and b.expires_at - b.created_at == 4
+        done = wait_until(lambda: _finished(client, b.id), 60, "batch expired")
+        assert done.status == "expired" and done.expired_at is not None
+        answered, errors = _lines(client, done.output_file_id), _lines(client, done.error_file_id)
+        assert len({x["custom_id"] for x in answered + errors}) == len(answered + errors) == 400
+        expired = [x for x in errors if x["error"] and x["error"]["code"] == "batch_expired"]
+        assert expired and all(x["response"] is None for x in expired)
+        counts = done.request_counts
+        assert counts is not None
+        assert (counts.completed, counts.failed) == (len(answered), len(errors))
+    finally:  # gone before the next test, whose batch another frontend must take over
+        f.group.stop("frontend-window")
 
 
 def test_a_batch_goes_on_when_its_frontend_and_a_worker_are_killed(fleet2):
