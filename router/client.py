@@ -140,7 +140,7 @@ class FleetClient:
         self._on_placement = on_placement
         self._store = StoredChunks(self.js, subjects)
         self.active: dict[str, _InFlight] = {}
-        self._background: set[asyncio.Task[None]] = set()  # prefill releases, catch-ups
+        self._background: set[asyncio.Task[None]] = set()  # first-token releases, catch-ups
         self._watchdog: asyncio.Task[None] | None = None
         state.on_departure(self.worker_gone)
 

@@ -181,6 +181,10 @@ class Generation:
         first = await leg.answer(self.request_id)
         self._prefill = None
         self.prefill_worker_id, self.prefill_s = leg.worker_id, leg.seconds
+        if self.done:  # cancelled while its prefill ran: nothing goes out, its blocks go
+            if first is not None:
+                await leg.release(self.request_id)
+            return None
         if first is None:
             self.disagg, self.disagg_reason = "local", leg.failure
         else:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -24,10 +25,17 @@ import structlog
 from schemas import Request, TokenChunk
 from schemas.requests import prefill_request_id
 
-if TYPE_CHECKING:  # the generation it runs (generation.py starts the leg through the client)
-    from router.generation import Generation
-
 log = structlog.get_logger("jetfleet.disagg")
+
+
+class PrefillRun(Protocol):
+    """The prefill's own generation (a ``Generation`` on the prefill leg)."""
+
+    worker_id: str
+
+    def __aiter__(self) -> AsyncIterator[TokenChunk]: ...
+
+    async def cancel(self, reason: str = ..., stop_worker: bool = ...) -> None: ...
 
 
 class Releaser(Protocol):
@@ -48,9 +56,9 @@ def prefill_request(request: Request) -> Request:
 
 class PrefillLeg:
     def __init__(
-        self, gen: Generation, timeout_s: float, accepted: float, releaser: Releaser
+        self, gen: PrefillRun, timeout_s: float, accepted: float, releaser: Releaser
     ) -> None:
-        self.gen: Generation | None = gen  # while it runs
+        self.gen: PrefillRun | None = gen  # while it runs
         self.timeout_s = timeout_s
         self.accepted = accepted
         self.releaser = releaser
