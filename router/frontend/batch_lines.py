@@ -115,18 +115,29 @@ def expired_line(custom_id: str) -> dict[str, Any]:
     }
 
 
+def first_answers(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each ``custom_id``'s first answer, in order."""
+    seen: set[str] = set()
+    firsts = []
+    for r in results:
+        if r["custom_id"] not in seen:
+            seen.add(r["custom_id"])
+            firsts.append(r)
+    return firsts
+
+
+def answered_ok(result: dict[str, Any]) -> bool:
+    """A line of the output file (2xx), not of the error file."""
+    return result["response"] is not None and 200 <= result["response"]["status_code"] < 300
+
+
 def split_results(results: Iterable[dict[str, Any]]) -> tuple[bytes, bytes, int, int]:
     """The output file and the error file (JSONL), each ``custom_id`` once (the first answer
     kept), and how many lines each holds."""
-    seen: set[str] = set()
     out: list[str] = []
     err: list[str] = []
-    for r in results:
-        if r["custom_id"] in seen:
-            continue
-        seen.add(r["custom_id"])
-        ok = r["response"] is not None and 200 <= r["response"]["status_code"] < 300
-        (out if ok else err).append(json.dumps(r, separators=(",", ":")))
+    for r in first_answers(results):
+        (out if answered_ok(r) else err).append(json.dumps(r, separators=(",", ":")))
     return _jsonl(out), _jsonl(err), len(out), len(err)
 
 

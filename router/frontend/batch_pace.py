@@ -62,7 +62,7 @@ class BatchPace:
     def lines(self) -> int:
         """Lines that may be in flight now."""
         if self._probe_left:
-            return max(self.quiet_lines, 0)
+            return self.quiet_lines
         return int(self.limit)
 
     def ttft(self, seconds: float, quiet: bool) -> None:

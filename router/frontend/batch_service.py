@@ -35,9 +35,11 @@ from router.frontend.batch_lines import (
     ENDPOINTS,
     TERMINAL,
     Line,
+    answered_ok,
     batch_object,
     expired_line,
     file_object,
+    first_answers,
     multipart_form,
     new_id,
     result_line,
@@ -393,8 +395,11 @@ class BatchService:
     async def _run_todo(self, batch_id: str, obj: dict[str, Any], stop: asyncio.Event) -> None:
         content = await self.store.file_content(obj["input_file_id"]) or b""
         lines, _ = await asyncio.to_thread(validate, content, obj["endpoint"])
-        answered = {r["custom_id"] for r in await self.store.results(batch_id)}
-        counts = await self._counts(batch_id)
+        firsts = first_answers(await self.store.results(batch_id))  # read once, at the start
+        answered = {r["custom_id"] for r in firsts}
+        ok = sum(map(answered_ok, firsts))
+        total = obj.get("request_counts", {}).get("total", 0)
+        counts = {"total": total, "completed": ok, "failed": len(firsts) - ok}
         todo = [line for line in lines if line.custom_id not in answered]
         log.info("batch_running", batch_id=batch_id, lines=len(lines), todo=len(todo))
         queue: asyncio.Queue[Line] = asyncio.Queue()
@@ -485,13 +490,6 @@ class BatchService:
                 break
             await asyncio.sleep(0.5 * (attempt + 1))
         return result_line(line.custom_id, status, answer, request_id)
-
-    async def _counts(self, batch_id: str) -> dict[str, int]:
-        results = await self.store.results(batch_id)
-        _, _, ok, failed = split_results(results)
-        obj = await self.store.get_batch(batch_id) or {}
-        total = obj.get("request_counts", {}).get("total", 0)
-        return {"total": total, "completed": ok, "failed": failed}
 
     async def _finish(self, batch_id: str, end: str) -> None:
         """Write the output and error files and end the batch ``end`` (completed, cancelled,

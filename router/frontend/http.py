@@ -82,7 +82,7 @@ class FrontendConfig:
     """Fewer batch lines in flight while the interactive requests' time to first token rises
     above its quiet level, or the frontend's event loop lags (``batch_pace.py``)."""
     batch_ttft_slack: float = 0.05
-    """How far above its quiet level the interactive median time to first token may rise
+    """How far above its quiet level the interactive time to first token (its p90) may rise
     before the batch lines back off."""
     batch_window_s: float = 24 * 3600.0
     """A batch not done this long after it was created expires (OpenAI's completion window is
