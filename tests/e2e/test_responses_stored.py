@@ -104,7 +104,9 @@ async def _tokens_published(f: Fleet, engine_request_id: str) -> int:
 
 async def test_a_background_response_is_cancelled_from_another_frontend(two):
     f, a, b = two
-    r = a.responses.create(model=MODEL, input="Go on", background=True, max_output_tokens=3000)
+    # 8,000 tokens take ~12 s at this speed: the cancel (~0.1 s) lands while it runs, even
+    # on a loaded CI machine (3,000 tokens, ~5 s, once ended first there)
+    r = a.responses.create(model=MODEL, input="Go on", background=True, max_output_tokens=8000)
     engine_request_id = "resp-" + r.id.removeprefix("resp_")
     await wait_for(lambda: _tokens_published(f, engine_request_id), timeout=30)
     cancelled = b.responses.cancel(r.id)
