@@ -25,8 +25,7 @@ import zmq.asyncio
 
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvCacheEvent
 from tests.support.vllm_fakes import FakeBackend
-from tests.support.wait import wait_for
-from tests.unit.test_vllm_wire_mirror import (
+from tests.support.vllm_wire_mirror import (
     AllBlocksClearedV3,
     BlockRemovedV3,
     KVEventBatchV2,
@@ -34,10 +33,11 @@ from tests.unit.test_vllm_wire_mirror import (
     encode,
     stored_v3,
 )
+from tests.support.wait import wait_for
 from workers.engine import EngineHooks
 from workers.engines.vllm.config import VllmEngineConfig
 from workers.engines.vllm.engine import VllmEngine
-from workers.engines.vllm.kv_events import DecodedBatch, decode_batch
+from workers.engines.vllm.kv_events import BatchReader, DecodedBatch
 from workers.engines.vllm.subscriber import KvEventSubscriber
 
 TOPIC = "kv-events"
@@ -117,14 +117,16 @@ def stored(h: int, parent: int | None) -> Any:
 
 
 class Recorder:
-    """A subscriber's sink: decodes as the worker does, keeps what arrives."""
+    """A subscriber's sink: decodes as the worker does (with a release's ``KVEventBatch``:
+    vLLM 0.25's mirrored unless given), keeps what arrives."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch_type: type[Any] = KVEventBatchV3) -> None:
+        self.reader = BatchReader(batch_type)
         self.events: list[KvCacheEvent] = []
         self.lost: list[str] = []
 
     def decode(self, payload: bytes) -> DecodedBatch:
-        return decode_batch(payload)
+        return self.reader.decode(payload)
 
     def on_events(self, events: Sequence[KvCacheEvent]) -> None:
         self.events.extend(events)

@@ -14,6 +14,7 @@ from typing import Any
 
 from schemas.requests import SamplingParams
 from tests.support.engines import Sink
+from tests.support.vllm_wire_mirror import KVEventBatchV3
 from tests.support.wait import wait_for
 from workers.engine import EngineHooks, EngineRequest
 from workers.engines.vllm.backend import StartedLlm
@@ -173,6 +174,9 @@ class FakeBackend:
 
     def embeds_prompt(self, data: bytes) -> tuple[Any, int]:
         return {"prompt_embeds": data}, 7  # the real one: torch.load, 7 positions here
+
+    def kv_event_batch_type(self) -> type[Any]:
+        return KVEventBatchV3  # vLLM 0.25's struct, mirrored
 
     def lora_request(self, name: str, lora_id: int, path: str) -> Any:
         return ("lora", name, lora_id, path)

@@ -1,5 +1,5 @@
-"""vLLM KV event decoding: golden payloads of every wire generation, hand-built map and truncated
-variants, hash normalization, filters, frames, gap detection, and the indexer's view."""
+"""vLLM KV event decoding: golden payloads of every wire generation read with that generation's
+structs, hash normalization, filters, frames, gap detection, and the indexer's view."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from router.kv.translate import fleet_hashes_for_prompt
 from schemas.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-from tests.unit.test_vllm_wire_mirror import (
+from tests.support.vllm_wire_mirror import (
     AllBlocksClearedV1,
     AllBlocksClearedV2,
     AllBlocksClearedV3,
@@ -19,6 +19,7 @@ from tests.unit.test_vllm_wire_mirror import (
     BlockRemovedV3,
     BlockStoredV1,
     BlockStoredV2,
+    BlockStoredV3,
     KVEventBatchV1,
     KVEventBatchV2,
     KVEventBatchV3,
@@ -26,11 +27,12 @@ from tests.unit.test_vllm_wire_mirror import (
     stored_v3,
 )
 from workers.engines.vllm.kv_events import (
+    BatchReader,
+    DecodedBatch,
     DecodeOptions,
     SeqKind,
     SequenceTracker,
     VllmKvDecodeError,
-    decode_batch,
     engine_block_hash,
     fill_gap,
     parse_pub_frames,
@@ -89,87 +91,17 @@ def _pack(obj: Any) -> bytes:
     return msgspec.msgpack.encode(obj)
 
 
-HAND_CASES: dict[str, bytes] = {
-    # an array batch whose events are maps (and the reverse): each level is read on its own
-    "array-batch-map-events": _pack(
-        [
-            1.5,
-            [
-                {
-                    "type": "BlockStored",
-                    "block_hashes": [1, 2],
-                    "parent_block_hash": None,
-                    "token_ids": TOKENS[:4],
-                    "block_size": 2,
-                },
-                {
-                    "type": "BlockStored",
-                    "block_hashes": [3],
-                    "parent_block_hash": 2,
-                    "token_ids": TOKENS[4:],
-                    "block_size": 2,
-                    "lora_id": None,
-                },
-                {"type": "BlockRemoved", "block_hashes": [3]},
-                {"type": "AllBlocksCleared"},
-            ],
-        ]
-    ),
-    "map-batch-array-events": _pack(
-        {
-            "ts": 1.5,
-            "events": [
-                ["BlockStored", [1, 2], None, TOKENS[:4], 2],
-                ["BlockStored", [3], 2, TOKENS[4:], 2, None, "GPU", None, None, 0, "full", None],
-                ["BlockRemoved", [3]],
-                ["AllBlocksCleared"],
-            ],
-        }
-    ),
-    # fields a later vLLM appends (unknown to us) are ignored, positionally and by name
-    "unknown-trailing-fields": _pack(
-        [
-            1.5,
-            [
-                [
-                    "BlockStored",
-                    [1, 2],
-                    None,
-                    TOKENS[:4],
-                    2,
-                    None,
-                    "GPU",
-                    None,
-                    None,
-                    0,
-                    "a",
-                    1,
-                    "future",
-                    42,
-                ],
-                {
-                    "type": "BlockStored",
-                    "block_hashes": [3],
-                    "parent_block_hash": 2,
-                    "token_ids": TOKENS[4:],
-                    "block_size": 2,
-                    "future_field": [1],
-                },
-                ["BlockRemoved", [3], "GPU", 0, "future"],
-                ["AllBlocksCleared", "future"],
-            ],
-            0,
-            "future",
-        ]
-    ),
-}
+def decode_batch(payload: bytes, options: DecodeOptions | None = None) -> DecodedBatch:
+    """As a worker on the latest mirrored release (vLLM 0.25) reads its payloads."""
+    return BatchReader(KVEventBatchV3, options).decode(payload)
 
 
-@pytest.mark.parametrize(
-    "payload", [*GOLDEN_CASES.values(), *HAND_CASES.values()], ids=[*GOLDEN_CASES, *HAND_CASES]
-)
-def test_every_encoding_decodes_to_the_same_events(payload: bytes) -> None:
-    batch = decode_batch(payload)
+BATCH_TYPES = {"v1-array": KVEventBatchV1, "v2-array": KVEventBatchV2, "v3-map": KVEventBatchV3}
+
+
+@pytest.mark.parametrize("generation", list(GOLDEN_CASES))
+def test_every_generation_read_with_its_structs_gives_the_same_events(generation: str) -> None:
+    batch = BatchReader(BATCH_TYPES[generation]).decode(GOLDEN_CASES[generation])
     assert batch.events == EXPECTED
     assert batch.ts_s == 1.5
     assert batch.skipped == 0
@@ -193,7 +125,7 @@ def test_golden_bytes_of_an_array_like_batch() -> None:
     )
     mirrored = KVEventBatchV2(1.5, [BlockStoredV2([1], None, [7, 8], 2, None, "GPU")], 0)
     assert encode(mirrored) == golden
-    batch = decode_batch(golden)
+    batch = BatchReader(KVEventBatchV2).decode(golden)
     assert batch.events == (BlockStored((1,), None, (7, 8), 2),)
     assert batch.data_parallel_rank == 0
 
@@ -281,11 +213,22 @@ def test_lora_name_from_event_or_from_loaded_adapter_ids() -> None:
     assert batch.skipped == 1
 
 
-def test_unknown_event_types_are_skipped_and_counted() -> None:
-    payload = _pack([0.0, [["BlockUpdated", [1]], {"type": "Future"}, ["AllBlocksCleared"]]])
-    batch = decode_batch(payload)
+class BlockUpdatedV3(msgspec.Struct, omit_defaults=True, gc=False, tag="BlockUpdated"):
+    block_hashes: list[int]
+
+
+class FutureBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStoredV3 | BlockUpdatedV3 | AllBlocksClearedV3]
+    data_parallel_rank: int | None = None
+
+
+def test_event_types_the_translation_does_not_know_are_skipped_and_counted() -> None:
+    """A release that declares an event type we do not translate: its other events pass."""
+    payload = encode(FutureBatch(0.0, [BlockUpdatedV3([1]), AllBlocksClearedV3()]))
+    batch = BatchReader(FutureBatch).decode(payload)
     assert batch.events == (AllBlocksCleared(),)
-    assert batch.skipped == 2
+    assert batch.skipped == 1
 
 
 @pytest.mark.parametrize(
@@ -294,18 +237,22 @@ def test_unknown_event_types_are_skipped_and_counted() -> None:
         b"\xc1",  # not msgpack
         _pack("batch"),
         _pack([1.0]),  # no events
-        _pack({"events": []}),  # no ts
+        _pack({"events": []}),  # a map where the release sends an array
         _pack(["now", []]),  # ts not a number
         _pack([1.0, "events"]),
-        _pack([1.0, [[1, 2]]]),  # event without a tag
-        _pack([1.0, [{"block_hashes": [1]}]]),  # map event without "type"
-        _pack([1.0, [["BlockStored", [1], None, [1, 2]]]]),  # block_size missing
-        _pack([1.0, [{"type": "BlockRemoved"}]]),  # block_hashes missing
-        _pack([1.0, [["BlockStored", [1], None, [1.5, 2], 2]]]),  # token id not an int
-        _pack([1.0, [["BlockRemoved", "abc"]]]),
+        _pack([1.0, [[1, 2]]]),  # an array where the release sends a map
+        _pack([1.0, [{"block_hashes": [1]}]]),  # an event without its "type"
+        _pack([1.0, [{"type": "BlockUpdated", "block_hashes": [1]}]]),  # not this release's
+        _pack([1.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+                      "token_ids": [1, 2]}]]),  # block_size missing
+        _pack([1.0, [{"type": "BlockRemoved", "medium": "GPU"}]]),  # block_hashes missing
+        _pack([1.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None,
+                      "token_ids": [1.5, 2], "block_size": 2, "lora_id": None,
+                      "medium": "GPU", "lora_name": None}]]),  # a token id not an int
+        _pack([1.0, [{"type": "BlockRemoved", "block_hashes": "abc", "medium": None}]]),
     ],
-)
-def test_malformed_payloads_raise(payload: bytes) -> None:
+)  # fmt: skip
+def test_payloads_the_release_would_not_send_raise(payload: bytes) -> None:
     with pytest.raises(VllmKvDecodeError):
         decode_batch(payload)
 
@@ -425,16 +372,6 @@ def test_decoded_events_translate_to_fleet_hashes() -> None:
 def test_blocks_hashed_over_more_than_tokens_are_skipped(
     extra_keys: list[Any] | None, lora_name: str | None, kept: bool
 ) -> None:
-    event = {
-        "type": "BlockStored",
-        "block_hashes": [1, 2],
-        "parent_block_hash": None,
-        "token_ids": [1, 2, 3, 4],
-        "block_size": 2,
-        "lora_id": None,
-        "medium": "GPU",
-        "lora_name": lora_name,
-        "extra_keys": extra_keys,
-    }
-    decoded = decode_batch(msgspec.msgpack.encode([1.0, [event], 0]))
+    event = stored_v3([1, 2], None, [1, 2, 3, 4], 2, lora_name=lora_name, extra_keys=extra_keys)
+    decoded = decode_batch(encode(KVEventBatchV3(1.0, [event], 0)))
     assert (len(decoded.events), decoded.skipped) == ((1, 0) if kept else (0, 1))

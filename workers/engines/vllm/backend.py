@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from workers.engines.vllm import lifeline
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig, engine_args_kwargs
@@ -60,6 +60,10 @@ class VllmBackend(Protocol):
     def lora_request(self, name: str, lora_id: int, path: str) -> VllmObject:
         """``vllm.lora.request.LoRARequest(name, lora_id, path)``."""
 
+    def kv_event_batch_type(self) -> type[Any]:
+        """``vllm.distributed.kv_events.KVEventBatch``: the struct this vLLM publishes its KV
+        events as, which the worker decodes them with (``kv_events.BatchReader``)."""
+
 
 class RealVllmBackend:
     def __init__(self) -> None:
@@ -74,6 +78,7 @@ class RealVllmBackend:
             self._loggers = importlib.import_module("vllm.v1.metrics.loggers")
             self._platforms = importlib.import_module("vllm.platforms")
             self._usage = importlib.import_module("vllm.usage.usage_lib")
+            self._kv_events = importlib.import_module("vllm.distributed.kv_events")
         except ImportError as exc:
             raise VllmNotInstalledError(
                 "the vllm engine needs vLLM: bash infra/bootstrap.sh vllm sets it up (its CPU "
@@ -159,3 +164,6 @@ class RealVllmBackend:
 
     def lora_request(self, name: str, lora_id: int, path: str) -> VllmObject:
         return self._lora.LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+
+    def kv_event_batch_type(self) -> type[Any]:
+        return cast(type[Any], self._kv_events.KVEventBatch)

@@ -64,7 +64,7 @@ from workers.engine import (
 from workers.engines.vllm.backend import RealVllmBackend, VllmBackend
 from workers.engines.vllm.config import VllmEngineConfig
 from workers.engines.vllm.control import CPU_CANNOT_SLEEP, VllmControl
-from workers.engines.vllm.kv_events import DecodeOptions
+from workers.engines.vllm.kv_events import BatchReader, DecodeOptions
 from workers.engines.vllm.kv_follow import KvFollower
 from workers.engines.vllm.lora import LoraRegistry
 from workers.engines.vllm.mapping import finish_reason, logprobs_of, sampling_kwargs
@@ -122,7 +122,9 @@ class VllmEngine:
         self.loras = LoraRegistry()
         self.running: dict[str, _Running] = {}
         self.kv = KvFollower(
-            DecodeOptions(lora_names=self.loras.names_by_id),
+            BatchReader(
+                self.backend.kv_event_batch_type(), DecodeOptions(lora_names=self.loras.names_by_id)
+            ),
             lambda: bool(self.running),
             config.kv_reset_retry_s,
             config.kv_resync_chunk_tokens,

@@ -1,6 +1,8 @@
-"""vLLM's KV cache events, as its ZMQ publisher sends them, decoded into ``schemas.kv_events``.
+"""vLLM's KV cache events, as its ZMQ publisher sends them, read with the running vLLM's own
+event structs and translated into ``schemas.kv_events``.
 
-Pure: no vLLM import, no I/O. ``subscriber.py`` owns the sockets.
+Pure: no vLLM import, no I/O. The structs come from the backend (``backend.py``: the installed
+vLLM's ``vllm.distributed.kv_events.KVEventBatch``); ``subscriber.py`` owns the sockets.
 
 Data path::
 
@@ -11,20 +13,13 @@ Data path::
 
 Which release changed what is in ``versions.py``.
 
-**Payload.** msgspec-encoded ``KVEventBatch(ts, events, data_parallel_rank)``. The batch is
-positional (``array_like``: ``[ts, events, dp_rank]``) in every release; the events were positional
-up to 0.23 and are maps from 0.24. This decoder accepts both forms at both levels:
-
-- positional: each event ``["BlockStored", block_hashes, parent_block_hash, token_ids,
-  block_size, lora_id, medium, ...]`` (the tag first, then the fields in declaration order);
-- maps: each event ``{"type": "BlockStored", "block_hashes": ..., ...}``; ``omit_defaults``
-  drops fields left at their default (and a map-encoded batch would be read as well).
-
-Fields are read by position (arrays) or by name (maps) against the union of every version's
-fields, in vLLM's declaration order (``_STORED_FIELDS``...). Trailing fields a version did not
-have (older: no ``medium``, ``data_parallel_rank``, ``lora_name``) read as absent; fields a newer
-version appends are ignored. The required ones are the first four of ``BlockStored``, the first of
-``BlockRemoved`` and ``ts`` + ``events`` of the batch. An unknown event type is skipped and counted.
+**Payload.** msgspec-encoded ``KVEventBatch(ts, events, data_parallel_rank)``, decoded by a
+``msgspec.msgpack.Decoder`` typed with the publishing release's own ``KVEventBatch``: the worker
+imports the very vLLM that publishes, so its structs know the release's encoding (positional or
+map events, fields appended later) and validate every value's type. ``translate`` then reads the
+objects by field name (``getattr``, absent fields as None: a field a release did not have) and the
+event's type by its msgspec tag. A payload the release's structs refuse raises
+``VllmKvDecodeError``; an event type the translation does not know is skipped and counted.
 
 **Block hashes** are vLLM's own and stay opaque: the indexer recomputes the fleet's hashes from
 ``token_ids`` (``router/kv/translate.py``). Our wire keeps engine hashes as unsigned 64-bit ints
@@ -74,37 +69,6 @@ from schemas.kv_events import (
 U64_MASK = (1 << 64) - 1
 REPLAY_END_SEQ = -1  # vLLM's ZmqEventPublisher.END_SEQ, sent after the last replayed batch
 
-# Every field vLLM has declared, in declaration order (positional decoding depends on it).
-_STORED_FIELDS = (
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-    "locality",
-    "ownership",
-    "session_id",
-    "lookahead_token_ids",
-)
-_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality", "ownership")
-_CLEARED_FIELDS: tuple[str, ...] = ()
-_BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
-_REQUIRED = {"BlockStored": 4, "BlockRemoved": 1, "AllBlocksCleared": 0}
-_EVENT_FIELDS = {
-    "BlockStored": _STORED_FIELDS,
-    "BlockRemoved": _REMOVED_FIELDS,
-    "AllBlocksCleared": _CLEARED_FIELDS,
-}
-_TAG_FIELD = "type"  # msgspec's default tag_field, used by vLLM's tagged union
-
-_decoder = msgspec.msgpack.Decoder()
-
 
 class VllmKvDecodeError(ValueError):
     """A frame or payload that is not vLLM's KV event wire format."""
@@ -112,7 +76,7 @@ class VllmKvDecodeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DecodeOptions:
-    """What to keep of vLLM's events (see the module docstring, "Filters")."""
+    """What to keep of vLLM's events (see the module docstring, "Tiers")."""
 
     lora_names: Mapping[int, str] = field(default_factory=dict)  # vLLM lora_int_id -> name
     kv_group: int = 0  # the KV cache group (``group_idx``) that is the prefix cache
@@ -126,6 +90,21 @@ class DecodedBatch:
     skipped: int = 0  # events of other media or groups, of unknown LoRA ids or unknown types
 
 
+class BatchReader:
+    """Reads one vLLM release's payloads: ``batch_type`` is its ``KVEventBatch`` struct."""
+
+    def __init__(self, batch_type: type[Any], options: DecodeOptions | None = None) -> None:
+        self._decoder = msgspec.msgpack.Decoder(batch_type)
+        self.options = options or DecodeOptions()
+
+    def decode(self, payload: bytes) -> DecodedBatch:
+        try:
+            batch = self._decoder.decode(payload)
+        except msgspec.DecodeError as exc:  # a ValidationError is one too
+            raise VllmKvDecodeError(f"not a KV event batch of this vLLM: {exc}") from exc
+        return translate(batch, self.options)
+
+
 def engine_block_hash(raw: object) -> int:
     """An engine block hash as an unsigned 64-bit int (ints mod 2**64, bytes: last 8 bytes)."""
     if isinstance(raw, bool):
@@ -137,84 +116,60 @@ def engine_block_hash(raw: object) -> int:
     raise VllmKvDecodeError(f"block hash of type {type(raw).__name__}")
 
 
-def decode_batch(payload: bytes, options: DecodeOptions | None = None) -> DecodedBatch:
-    """Decode one msgpack ``KVEventBatch`` payload (either encoding) into our events."""
-    opts = options or DecodeOptions()
-    try:
-        raw = _decoder.decode(payload)
-    except msgspec.DecodeError as exc:
-        raise VllmKvDecodeError(f"not msgpack: {exc}") from exc
-    batch = _fields(raw, _BATCH_FIELDS, 2, "batch")
-    events_raw = batch["events"]
-    if not isinstance(events_raw, list):
-        raise VllmKvDecodeError("batch events is not an array")
+def translate(batch: Any, opts: DecodeOptions) -> DecodedBatch:
+    """A decoded ``KVEventBatch`` (vLLM's struct) -> our events, filtered by ``opts``."""
     events: list[KvCacheEvent] = []
     skipped = 0
-    for ev in events_raw:
+    for ev in batch.events:
         out = _event(ev, opts)
         if out is None:
             skipped += 1
         else:
             events.append(out)
     return DecodedBatch(
-        ts_s=_number(batch["ts"], "ts"),
-        data_parallel_rank=_opt_int(batch.get("data_parallel_rank"), "data_parallel_rank"),
+        ts_s=float(batch.ts),
+        data_parallel_rank=getattr(batch, "data_parallel_rank", None),
         events=tuple(events),
         skipped=skipped,
     )
 
 
-def _fields(raw: object, names: Sequence[str], required: int, what: str) -> dict[str, Any]:
-    """Positional array or map -> {name: value} over ``names`` (absent names left out)."""
-    if isinstance(raw, list):
-        values = dict(zip(names, raw, strict=False))
-    elif isinstance(raw, dict):
-        values = {n: raw[n] for n in names if n in raw}
-    else:
-        raise VllmKvDecodeError(f"{what} is neither an array nor a map: {type(raw).__name__}")
-    missing = [n for n in names[:required] if n not in values]
-    if missing:
-        raise VllmKvDecodeError(f"{what} lacks {', '.join(missing)}")
-    return values
+def event_type(ev: object) -> str:
+    """An event's type: its msgspec tag (vLLM's ``tag=True`` is the class name)."""
+    config = getattr(type(ev), "__struct_config__", None)
+    tag = getattr(config, "tag", None)
+    return tag if isinstance(tag, str) else type(ev).__name__
 
 
-def _event(raw: object, opts: DecodeOptions) -> KvCacheEvent | None:
-    body: object
-    if isinstance(raw, list) and raw and isinstance(raw[0], str):
-        tag, body = raw[0], raw[1:]
-    elif isinstance(raw, dict) and isinstance(raw.get(_TAG_FIELD), str):
-        tag, body = raw[_TAG_FIELD], raw
-    else:
-        raise VllmKvDecodeError(f"event without a type tag: {raw!r:.80}")
-    names = _EVENT_FIELDS.get(tag)
-    if names is None:
-        return None  # a type this decoder does not know (a newer vLLM): skipped, counted
-    f = _fields(body, names, _REQUIRED[tag], tag)
-    if tag == "AllBlocksCleared":
+def _event(ev: Any, opts: DecodeOptions) -> KvCacheEvent | None:
+    kind = event_type(ev)
+    if kind == "AllBlocksCleared":
         return AllBlocksCleared()
-    medium = _medium(f)
-    if medium is None or not _kept(f, opts):
+    if kind not in ("BlockStored", "BlockRemoved"):
+        return None  # a type this adapter does not translate: skipped, counted
+    medium = _medium(getattr(ev, "medium", None))
+    group = getattr(ev, "group_idx", None)
+    if medium is None or not (group is None or group == opts.kv_group):
         return None
-    hashes = tuple(engine_block_hash(h) for h in _list(f["block_hashes"], "block_hashes"))
-    if tag == "BlockRemoved":
+    hashes = tuple(engine_block_hash(h) for h in ev.block_hashes)
+    if kind == "BlockRemoved":
         return BlockRemoved(hashes, medium)
-    known, lora = _lora_name(f, opts)
-    if not known or not _hashed_from_tokens(f.get("extra_keys"), lora):
+    known, lora = _lora_name(ev, opts)
+    if not known or not _hashed_from_tokens(getattr(ev, "extra_keys", None), lora):
         return None
-    parent = f["parent_block_hash"]
+    parent = ev.parent_block_hash
     return BlockStored(
         block_hashes=hashes,
         parent_block_hash=None if parent is None else engine_block_hash(parent),
-        token_ids=tuple(_int(t, "token id") for t in _list(f["token_ids"], "token_ids")),
-        block_size=_int(f["block_size"], "block_size"),
+        token_ids=tuple(ev.token_ids),
+        block_size=int(ev.block_size),
         lora_name=lora,
         medium=medium,
     )
 
 
-def _medium(f: Mapping[str, Any]) -> Medium | None:
+def _medium(medium: object) -> Medium | None:
     """The event's tier (None: one we do not know)."""
-    medium = f.get("medium")
     if medium is None:
         return GPU
     name = str(medium).upper()
@@ -224,53 +179,23 @@ def _medium(f: Mapping[str, Any]) -> Medium | None:
 _MEDIA: tuple[Medium, ...] = (GPU, *OFFLOAD_MEDIA)
 
 
-def _kept(f: Mapping[str, Any], opts: DecodeOptions) -> bool:
-    group = f.get("group_idx")
-    return group is None or group == opts.kv_group
-
-
-def _lora_name(f: Mapping[str, Any], opts: DecodeOptions) -> tuple[bool, str | None]:
+def _lora_name(ev: Any, opts: DecodeOptions) -> tuple[bool, str | None]:
     """(known, adapter name): the event's ``lora_name``, else its ``lora_id`` looked up."""
-    name = f.get("lora_name")
+    name = getattr(ev, "lora_name", None)
     if isinstance(name, str) and name:
         return True, name
-    lora_id = f.get("lora_id")
-    if lora_id is None or lora_id == 0:  # vLLM: no LoRA request (lora_int_id starts at 1)
+    lora_id = getattr(ev, "lora_id", None)
+    if not lora_id:  # None or 0, vLLM: no LoRA request (lora_int_id starts at 1)
         return True, None
-    name = opts.lora_names.get(_int(lora_id, "lora_id"))
+    name = opts.lora_names.get(int(lora_id))
     return name is not None, name
 
 
-def _hashed_from_tokens(extra_keys: object, lora: str | None) -> bool:
+def _hashed_from_tokens(extra_keys: Sequence[Any] | None, lora: str | None) -> bool:
     """True when no block's hash covers more than its tokens and the LoRA name."""
-    if not extra_keys:
-        return True
-    for entry in _list(extra_keys, "extra_keys"):
-        if entry and any(key != lora for key in _list(entry, "extra_keys entry")):
-            return False
-    return True
-
-
-def _list(v: object, what: str) -> list[Any]:
-    if not isinstance(v, list):
-        raise VllmKvDecodeError(f"{what} is not an array")
-    return v
-
-
-def _int(v: object, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise VllmKvDecodeError(f"{what} is not an int: {v!r:.40}")
-    return v
-
-
-def _opt_int(v: object, what: str) -> int | None:
-    return None if v is None else _int(v, what)
-
-
-def _number(v: object, what: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise VllmKvDecodeError(f"{what} is not a number")
-    return float(v)
+    return not extra_keys or all(
+        not entry or all(key == lora for key in entry) for entry in extra_keys
+    )
 
 
 # ------------------------------------------------------------------------------------ frames

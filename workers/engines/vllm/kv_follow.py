@@ -29,7 +29,7 @@ from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engine import KvListener
 from workers.engines.vllm.cache_shadow import CacheShadow
 from workers.engines.vllm.config import KvEventsEndpoints
-from workers.engines.vllm.kv_events import DecodedBatch, DecodeOptions, decode_batch
+from workers.engines.vllm.kv_events import BatchReader, DecodedBatch
 from workers.engines.vllm.protocol import AsyncLlm
 from workers.engines.vllm.subscriber import KvEventSubscriber
 from workers.engines.vllm.versions import VllmFeatures
@@ -42,14 +42,14 @@ class KvFollower:
 
     def __init__(
         self,
-        decode_options: DecodeOptions,
+        reader: BatchReader,
         busy: Callable[[], bool],
         reset_retry_s: float,
         resync_chunk_tokens: int,
     ) -> None:
         """``busy``: whether requests are running (vLLM before 0.12 would refuse a reset)."""
         self.shadow = CacheShadow()
-        self._decode_options = decode_options
+        self._reader = reader
         self._busy = busy
         self._reset_retry_s = reset_retry_s
         self._resync_chunk_tokens = resync_chunk_tokens
@@ -99,7 +99,7 @@ class KvFollower:
 
     # ------------------------------------------------------------------ the subscriber's calls
     def decode(self, payload: bytes) -> DecodedBatch:
-        batch = decode_batch(payload, self._decode_options)
+        batch = self._reader.decode(payload)
         if any(isinstance(e, AllBlocksCleared) for e in batch.events):
             self._vllm_clears += 1
             self._vllm_cleared.set()

@@ -1,6 +1,7 @@
 """Mirrors of vLLM's KV event structs (``vllm/distributed/kv_events.py``), one set per wire
 generation, used to build payloads byte for byte as vLLM builds them in the unit and integration
-tests. ``tests/vllm_compat`` checks each mirror against the real classes of the release it names
+tests, and to read them as the worker reads its vLLM's (``kv_events.BatchReader``).
+``tests/vllm_compat`` checks each mirror against the real classes of the release it names
 (fetched from PyPI): same fields, same struct options, same bytes.
 
 Generations (field order, struct options as vLLM declares them; ``versions.py`` has the table):
@@ -26,9 +27,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import pytest
-
-from workers.engines.vllm import kv_events
 
 # ---------------------------------------------------------------------------------- V1
 
@@ -190,15 +188,3 @@ def struct_names(cls: type[msgspec.Struct]) -> tuple[str, ...]:
 def struct_options(cls: type[msgspec.Struct]) -> tuple[object, ...]:
     c = cls.__struct_config__
     return (c.array_like, c.omit_defaults, c.tag_field, c.tag)
-
-
-def prefix_compatible(theirs: tuple[str, ...], ours: tuple[str, ...]) -> bool:
-    n = min(len(theirs), len(ours))
-    return theirs[:n] == ours[:n]
-
-
-def test_decoder_field_orders_match_installed_vllm() -> None:
-    real = pytest.importorskip("vllm.distributed.kv_events")
-    assert prefix_compatible(struct_names(real.BlockStored), kv_events._STORED_FIELDS)
-    assert prefix_compatible(struct_names(real.BlockRemoved), kv_events._REMOVED_FIELDS)
-    assert prefix_compatible(struct_names(real.KVEventBatch), kv_events._BATCH_FIELDS)
