@@ -86,6 +86,7 @@ case "$cmd" in
       pip_install peft  # the LoRA test makes its adapter with it
       export JETFLEET_REQUIRE_VLLM=1  # the real-engine tests fail, never skip, without vLLM
     fi
+    "$VENV/bin/python" -m infra.devtools  # helm, prometheus, promtool: the deployment checks
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     "$VENV/bin/mypy"  # files and strictness from pyproject.toml
