@@ -36,7 +36,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from base.connect import close_nats, connect_nats
 from base.consume import DeadLetters, Fetch, pull_loop
-from base.ops_http import nats_connected, start_ops_server
+from base.ops_http import nats_connected
+from base.ops_presence import serve_ops
 from base.signals import stop_event
 from base.stream_read import last_per_subject, read_range
 from base.topology import ensure_consumer, ensure_topology
@@ -285,13 +286,16 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
     nc = await connect_nats(cfg.nats_url, name=f"planner-{cfg.model}")
     await ensure_topology(nc.jetstream(), cfg.subjects)
     registry = CollectorRegistry()
-    if cfg.metrics_port:
-        start_ops_server(
-            cfg.metrics_port,
-            registry,
-            nats_connected(nc),
-            cfg.metrics_host,
-        )
+    presence = await serve_ops(
+        nc,
+        cfg.subjects,
+        "planner",
+        cfg.metrics_port,
+        registry,
+        nats_connected(nc),
+        cfg.metrics_host,
+        model=cfg.model,
+    )
     watch = WorkerWatch(nc, cfg.subjects, judge=True)  # one of the fleet's judges of liveness
     await watch.start()
     service = PlannerService(cfg, nc, watch, registry)
@@ -299,5 +303,7 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
     try:
         await service.run(stop)
     finally:
+        if presence is not None:
+            await presence.stop()
         await watch.stop()
         await close_nats(nc)

@@ -50,7 +50,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
 from base.consume import DeadLetters
-from base.ops_http import nats_connected, start_ops_server
+from base.ops_http import nats_connected
+from base.ops_presence import serve_ops
 from base.signals import stop_event
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
@@ -662,13 +663,16 @@ async def run_indexer(cfg: IndexerConfig) -> None:
     await ensure_topology(nc.jetstream(), cfg.subjects)
     redis = await connect_redis(cfg.redis_url)
     prom = CollectorRegistry()
-    if cfg.metrics_port:
-        start_ops_server(
-            cfg.metrics_port,
-            prom,
-            nats_connected(nc),
-            cfg.metrics_host,
-        )
+    presence = await serve_ops(
+        nc,
+        cfg.subjects,
+        "indexer",
+        cfg.metrics_port,
+        prom,
+        nats_connected(nc),
+        cfg.metrics_host,
+        instance=cfg.indexer_id,
+    )
     pending: set[asyncio.Task[None]] = set()
 
     def live_workers() -> set[str] | None:  # the watch below, once it has read discovery
@@ -686,6 +690,8 @@ async def run_indexer(cfg: IndexerConfig) -> None:
     try:
         await indexer.run(stop)
     finally:
+        if presence is not None:
+            await presence.stop()
         await watch.stop()
         await close_nats(nc)
         await redis.aclose()

@@ -22,7 +22,8 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter
 
 from base.consume import DeadLetters, pull_loop, until
-from base.ops_http import nats_connected, start_ops_server
+from base.ops_http import nats_connected
+from base.ops_presence import serve_ops
 from base.signals import stop_event
 from base.topology import ensure_consumer
 from base.tracing import Span, Tracing
@@ -177,14 +178,15 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
 
     registry = CollectorRegistry()
     service = RouterService(cfg, stack.nc, stack.client, vocab_size, registry, tracing)
-    if cfg.metrics_port:
-        nc = stack.nc
-        start_ops_server(
-            max(cfg.metrics_port, 0),
-            registry,
-            nats_connected(nc),
-            cfg.metrics_host,
-        )
+    presence = await serve_ops(
+        stack.nc,
+        cfg.stack.subjects,
+        "router",
+        cfg.metrics_port,
+        registry,
+        nats_connected(stack.nc),
+        cfg.metrics_host,
+    )
     stop = stop_event()
     log.info("router_service_ready", router=cfg.stack.router)
     try:
@@ -192,5 +194,7 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
         with contextlib.suppress(TimeoutError):  # let followers see their requests finish
             await asyncio.wait_for(asyncio.gather(*service.followers), 30)
     finally:
+        if presence is not None:
+            await presence.stop()
         await stack.close()
         tracing.shutdown()

@@ -54,6 +54,20 @@ class WorkerRegistration(msgspec.Struct, frozen=True, omit_defaults=True):
     v: int = 1
 
 
+class OpsEndpoint(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A fleet service's operations port (``/metrics``, ``/health``, ``/ready``), kept in the
+    bucket ``fleet_ops_endpoints`` under ``{component}.{instance}`` while the service runs, so
+    that a frontend's ``/discovery/prometheus`` lists it (workers are listed from their
+    registrations instead)."""
+
+    component: str  # "router" | "indexer" | "planner" | "connector"
+    instance: str  # unique among the component's processes (its id, or host-pid)
+    url: str  # http://host:port
+    model: str = ""  # the model a planner or a connector serves
+    at_s: float = 0.0  # wall clock of the put (a reader drops an entry not put again in 30 s)
+    v: int = 1
+
+
 class ModelCard(msgspec.Struct, frozen=True, omit_defaults=True):
     """What a frontend needs to serve a model: template, limits, and where the tokenizer is."""
 

@@ -84,6 +84,7 @@ MAX_REQUEST_CONSUMERS = 16384  # workers' own consumers (and those of workers go
 WORKERS_BUCKET = "workers"
 HEARTBEATS_BUCKET = "heartbeats"
 MODELS_BUCKET = "models"
+OPS_BUCKET = "ops_endpoints"
 RUNNING_RESPONSES_BUCKET = "responses_running"
 RUNNING_BATCHES_BUCKET = "batches_running"
 FILES_STORE = "files"
@@ -197,6 +198,14 @@ def fleet_topology(
             name=s.bucket_name(HEARTBEATS_BUCKET),
             description="Worker heartbeats (the registration, every heartbeat interval), read "
             "by the judges of liveness, not by every frontend",
+            ttl=timedelta(seconds=30),
+            storage="memory",
+            replicas=replicas,
+        ),
+        BucketSpec(
+            name=s.bucket_name(OPS_BUCKET),
+            description="The services' operations ports (router, indexer, planner, connector), "
+            "each put every 10 s by its service, for Prometheus discovery through a frontend",
             ttl=timedelta(seconds=30),
             storage="memory",
             replicas=replicas,

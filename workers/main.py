@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, replace
-from socket import gethostname
 from typing import Any
 
 import structlog
@@ -29,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from base.connect import Hook, close_nats, connect_nats
 from base.ops_http import start_ops_server
+from base.ops_presence import advertised_url
 from base.signals import on_stop_signal
 from base.topology import ensure_consumer, ensure_topology
 from base.tracing import Tracing
@@ -129,8 +129,7 @@ class WorkerProcess:
         replica's registration): every replica's metrics, the process's health."""
         cfg = self.cfg
         ops = start_ops_server(max(cfg.metrics_port, 0), self.prom, self.health, cfg.metrics_host)
-        host = cfg.metrics_host if cfg.metrics_host not in ("0.0.0.0", "::") else gethostname()
-        self.metrics_url = f"http://{host}:{ops.server_port}"
+        self.metrics_url = advertised_url(cfg.metrics_host, ops.server_port)
 
     async def start_replica(self, worker_id: str) -> Replica:
         """Build and start one replica (consuming; not yet registered)."""

@@ -18,7 +18,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from base.connect import close_nats, connect_nats
-from base.ops_http import nats_connected, start_ops_server
+from base.ops_http import nats_connected
+from base.ops_presence import serve_ops
 from base.signals import stop_event
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
@@ -51,8 +52,10 @@ async def run_local_connector(
     nc = await connect_nats(nats_url, name=f"connector-local-{model}")
     await ensure_topology(nc.jetstream(), subjects)
     registry = CollectorRegistry()
-    if metrics_port:
-        start_ops_server(metrics_port, registry, nats_connected(nc), metrics_host)
+    presence = await serve_ops(
+        nc, subjects, "connector", metrics_port, registry, nats_connected(nc), metrics_host,
+        model=model,
+    )  # fmt: skip
     watch = WorkerWatch(nc, subjects)
     await watch.start()
     scaler = LocalScaler(scaler_cfg, watch)
@@ -70,6 +73,8 @@ async def run_local_connector(
         log.info("connector_ready", connector="local", model=model)
         await service.run(stop)
     finally:
+        if presence is not None:
+            await presence.stop()
         await scaler.close()
         await watch.stop()
         await close_nats(nc)

@@ -39,6 +39,7 @@ import redis.asyncio as aioredis
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from base.ops_presence import OpsDirectory
 from base.tracing import Span, Tracing
 from router.client import FleetClient
 from router.discovery import Discovery
@@ -128,6 +129,7 @@ class Frontend:
         self.tracing = tracing or Tracing("jetfleet-frontend", frontend_id, env={})
         self.nc = client.nc
         self.discovery = discovery
+        self.ops = OpsDirectory(client.nc, client.subjects)  # the services' operations ports
         self.metrics = metrics
         self.redis = redis
         self._auth = {f"Bearer {k}".encode() for k in cfg.api_keys}
@@ -171,11 +173,14 @@ class Frontend:
         await self._dispatch(call, ROUTES.get(path), path, "POST")
 
     async def start(self) -> None:
-        """The background work: the background responses' leases (``responses_background``)."""
+        """The background work: the background responses' leases (``responses_background``),
+        the batches, the services' operations ports."""
         await self.responses.runner.start()
         await self.batch.start()
+        await self.ops.start()
 
     async def close(self) -> None:
+        await self.ops.stop()
         await self.batch.stop()
         await self.responses.runner.stop()
         await self.tokenizer.stop()
@@ -308,15 +313,26 @@ class Frontend:
         await asgi.send_json(call.send, 200, encode(self.scrape_target_list()))
 
     def scrape_target_list(self) -> list[dict[str, Any]]:
-        """Prometheus HTTP service discovery: every live worker's operations port, from the
-        fleet's discovery (``http_sd_configs`` in infra/deploy/prometheus.yml)."""
+        """Prometheus HTTP service discovery (``http_sd_configs`` in
+        infra/deploy/prometheus/prometheus.yml): every live worker's operations port, from the
+        fleet's discovery, and every service's (router, indexer, planner, connector), from
+        ``fleet_ops_endpoints``; each labelled with its ``component``."""
         out = []
         for view in sorted(self.discovery.state.workers.values(), key=lambda v: v.worker_id):
             reg = view.reg
             if reg.metrics_url:
-                target = reg.metrics_url.removeprefix("http://").removeprefix("https://")
-                labels = {"worker_id": reg.worker_id, "model": reg.model, "role": reg.role}
-                out.append({"targets": [target], "labels": labels})
+                labels = {
+                    "component": "worker",
+                    "worker_id": reg.worker_id,
+                    "model": reg.model,
+                    "role": reg.role,
+                }
+                out.append({"targets": [_host_port(reg.metrics_url)], "labels": labels})
+        for e in self.ops.live():
+            labels = {"component": e.component, "instance_id": e.instance}
+            if e.model:
+                labels["model"] = e.model
+            out.append({"targets": [_host_port(e.url)], "labels": labels})
         return out
 
     def models_body(self) -> dict[str, Any]:
@@ -397,6 +413,11 @@ PREFIXES = (  # routes with an id in the path: the handler reads the rest
 
 def _by_prefix(path: str) -> Route | None:
     return next((route for prefix, route in PREFIXES if path.startswith(prefix)), None)
+
+
+def _host_port(url: str) -> str:
+    """A Prometheus target: an operations URL without its scheme."""
+    return url.removeprefix("http://").removeprefix("https://")
 
 
 def _header(scope: asgi.Scope, name: bytes) -> str | None:

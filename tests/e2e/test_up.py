@@ -97,10 +97,19 @@ def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
         if url != f"http://127.0.0.1:{port}":
             with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
                 assert json.loads(r.read())["status"] == "ok"
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/discovery/prometheus") as r:
-        targets = json.loads(r.read())
-    assert sorted(f"http://{t['targets'][0]}" for t in targets) == sorted(
-        w["metrics_url"] for w in workers
+    # Prometheus discovery through the frontend: the workers and every other operations port
+    services = {f"http://127.0.0.1:{port}"} ^ set(urls)
+
+    def discovered() -> list[dict[str, Any]] | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/discovery/prometheus") as r:
+            targets: list[dict[str, Any]] = json.loads(r.read())
+        found = {f"http://{t['targets'][0]}" for t in targets}
+        return targets if found == services | {w["metrics_url"] for w in workers} else None
+
+    targets = wait_until(discovered, 30, "every operations port discovered")
+    components = sorted(t["labels"]["component"] for t in targets)
+    assert components == sorted(
+        ["connector", "indexer", "planner", "router"] + ["worker"] * len(workers)
     )
     _families_have_their_types(f"http://127.0.0.1:{port}/metrics", FRONTEND_FAMILIES)
     _families_have_their_types(f"{workers[0]['metrics_url']}/metrics", WORKER_FAMILIES)

@@ -39,8 +39,10 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
     assert used and used <= exported(), used - exported()
 
 
-def test_the_scrape_config_finds_workers_through_the_fleet() -> None:
-    cfg = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+def test_the_scrape_config_finds_every_process_through_the_fleet() -> None:
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in cfg["scrape_configs"]}
-    (sd,) = jobs["jetfleet-workers"]["http_sd_configs"]
-    assert sd["url"].endswith("/discovery/prometheus")
+    (static,) = jobs["jetfleet-frontend"]["static_configs"]
+    assert static["targets"] == ["127.0.0.1:8000"]  # jetfleet up's default port
+    (sd,) = jobs["jetfleet"]["http_sd_configs"]
+    assert sd["url"] == "http://127.0.0.1:8000/discovery/prometheus"
