@@ -48,6 +48,16 @@ class RouterServiceConfig:
     metrics_host: str = "127.0.0.1"
 
 
+def submissions_counter(registry: CollectorRegistry) -> Counter:
+    """The router service's metric (on its operations port)."""
+    return Counter(
+        "jetfleet_router_submissions",
+        "Submissions by outcome: routed, invalid, undecodable, no_workers, routing_failed",
+        ["outcome"],
+        registry=registry,
+    )
+
+
 def made_here(chunk: TokenChunk) -> bool:
     """A final chunk the routing library made, not a worker: a migration that gave up (error),
     or one that found the budget already spent (length). The client reads the token subject and
@@ -68,12 +78,7 @@ class RouterService:
         self.cfg = cfg
         self.subjects = cfg.stack.subjects
         self.tracing = tracing or Tracing("jetfleet-router", "router-service", env={})
-        self.submissions = Counter(
-            "jetfleet_router_submissions",
-            "Submissions by outcome: routed, invalid, undecodable, no_workers, routing_failed",
-            ["outcome"],
-            registry=registry or CollectorRegistry(),
-        )
+        self.submissions = submissions_counter(registry or CollectorRegistry())
         self.vocab_size = vocab_size  # the model's, once discovery has loaded its tokenizer
         self.nc = nc
         self.js = nc.jetstream()

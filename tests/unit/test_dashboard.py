@@ -9,8 +9,11 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
+from planner.service import PlannerMetrics
 from router.frontend.metrics import FrontendMetrics
 from router.frontend.tokenize import TokenizeMetrics
+from router.indexer import IndexerMetrics
+from router.service import submissions_counter
 from workers.metrics import WorkerMetricFamilies, WorkerMetrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "infra" / "deploy"
@@ -21,6 +24,9 @@ def exported() -> set[str]:
     FrontendMetrics(registry)
     TokenizeMetrics(registry)
     WorkerMetrics(WorkerMetricFamilies(registry), "m", "w")
+    IndexerMetrics(registry)
+    PlannerMetrics(registry)
+    submissions_counter(registry)
     names = set()
     for family in registry.collect():
         names |= {sample.name for sample in family.samples} | {family.name}
