@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from base.connect import close_nats, connect_nats
 from base.consume import DeadLetters, Fetch, pull_loop
+from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.stream_read import last_per_subject, read_range
@@ -72,6 +73,7 @@ class PlannerServiceConfig:
 class PlannerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_planner"
+        self.dead_letters = DeadLetterMetrics(registry)
         self.predicted = Gauge(
             f"{ns}_predicted",
             "Predicted next-interval load",
@@ -176,8 +178,8 @@ class PlannerService:
         self.nc = nc
         self.js = nc.jetstream()
         self.watch = watch
-        self.letters = DeadLetters(nc, cfg.subjects, "planner")
         self.metrics = PlannerMetrics(registry)
+        self.letters = DeadLetters(nc, cfg.subjects, "planner", self.metrics.dead_letters)
         self.state = PlannerState()
         self.collector = IntervalCollector(cfg.subjects, cfg.model)
         self.pending_ack: Any = None

@@ -50,6 +50,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
 from base.consume import DeadLetters
+from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_topology
@@ -132,6 +133,7 @@ class IndexerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_indexer"
         self.registry = registry
+        self.dead_letters = DeadLetterMetrics(registry)
         self.blocks = Counter(
             f"{ns}_block_events", "Block events applied", ["kind"], registry=registry
         )
@@ -168,7 +170,7 @@ class Indexer:
         self.cfg = cfg
         self.nc = nc
         self.js = nc.jetstream()
-        self.letters = DeadLetters(nc, cfg.subjects, "indexer")
+        self.letters = DeadLetters(nc, cfg.subjects, "indexer", metrics.dead_letters)
         self.redis = redis
         self.index = RedisPrefixIndex(
             redis,

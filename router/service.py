@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter
 
 from base.consume import DeadLetters, pull_loop, until
+from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_consumer
@@ -67,16 +68,17 @@ class RouterService:
         self.cfg = cfg
         self.subjects = cfg.stack.subjects
         self.tracing = tracing or Tracing("jetfleet-router", "router-service", env={})
+        registry = registry or CollectorRegistry()
         self.submissions = Counter(
             "jetfleet_router_submissions",
             "Submissions by outcome: routed, invalid, undecodable, no_workers, routing_failed",
             ["outcome"],
-            registry=registry or CollectorRegistry(),
+            registry=registry,
         )
         self.vocab_size = vocab_size  # the model's, once discovery has loaded its tokenizer
         self.nc = nc
         self.js = nc.jetstream()
-        self.letters = DeadLetters(nc, self.subjects, "router")
+        self.letters = DeadLetters(nc, self.subjects, "router", DeadLetterMetrics(registry))
         self.client = client
         self.followers: set[asyncio.Task[None]] = set()
 

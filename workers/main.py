@@ -109,7 +109,7 @@ class WorkerProcess:
         self.tracing = Tracing("jetfleet-worker", cfg.worker_id)  # OTLP export if configured
         self.prom = CollectorRegistry()
         self.families = WorkerMetricFamilies(self.prom)
-        self.feeds = ProcessFeeds.for_connection(nc, cfg)
+        self.feeds = ProcessFeeds.for_connection(nc, cfg, self.families.dead_letters)
         self.metrics_url = ""
         self.replicas: list[Replica] = []
         self.stopping = asyncio.Event()  # no more replicas start; every one started drains
