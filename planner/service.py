@@ -100,12 +100,29 @@ class PlannerMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=registry,
         )
+        # the latency targets, so alerts compare the frontends' latencies with them
+        self.ttft_target = Gauge(
+            f"{ns}_ttft_target_seconds",
+            "The planner's time-to-first-token target (it compares the interval's p90 TTFT)",
+            ["model"],
+            registry=registry,
+        )
+        self.itl_target = Gauge(
+            f"{ns}_itl_target_seconds",
+            "The planner's inter-token latency target (it compares the interval's mean ITL)",
+            ["model"],
+            registry=registry,
+        )
         self.interval_messages = Gauge(
             f"{ns}_interval_messages",
             "Metric messages in the last interval",
             ["model"],
             registry=registry,
         )
+
+    def targets(self, model: str, cfg: PlannerConfig) -> None:
+        self.ttft_target.labels(model).set(cfg.ttft_target_s)
+        self.itl_target.labels(model).set(cfg.itl_target_s)
 
     def record(self, model: str, decisions: list[Decision], inp: IntervalInput) -> None:
         self.interval_messages.labels(model).set(len(inp.observations) + len(inp.loads))
@@ -179,6 +196,7 @@ class PlannerService:
         self.js = nc.jetstream()
         self.watch = watch
         self.metrics = PlannerMetrics(registry)
+        self.metrics.targets(cfg.model, cfg.planner)
         self.letters = DeadLetters(nc, cfg.subjects, "planner", self.metrics.dead_letters)
         self.state = PlannerState()
         self.collector = IntervalCollector(cfg.subjects, cfg.model)
