@@ -35,6 +35,7 @@ from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from base.connect import close_nats, connect_nats
+from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters, Fetch, pull_loop
 from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
@@ -315,9 +316,11 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
     watch = WorkerWatch(nc, cfg.subjects, judge=True)  # one of the fleet's judges of liveness
     await watch.start()
     service = PlannerService(cfg, nc, watch, registry)
+    connections = ConnectionGauges(registry, nc).start()
     stop = stop_event()
     try:
         await service.run(stop)
     finally:
+        connections.cancel()
         await watch.stop()
         await close_nats(nc)

@@ -49,6 +49,7 @@ from nats.js.errors import ObjectNotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
+from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters
 from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
@@ -664,6 +665,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
     await ensure_topology(nc.jetstream(), cfg.subjects)
     redis = await connect_redis(cfg.redis_url)
     prom = CollectorRegistry()
+    connections = ConnectionGauges(prom, nc, redis).start()
     if cfg.metrics_port:
         start_ops_server(
             cfg.metrics_port,
@@ -688,6 +690,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
     try:
         await indexer.run(stop)
     finally:
+        connections.cancel()
         await watch.stop()
         await close_nats(nc)
         await redis.aclose()

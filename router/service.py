@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter
 
+from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters, pull_loop, until
 from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
@@ -187,6 +188,7 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
             nats_connected(nc),
             cfg.metrics_host,
         )
+    connections = ConnectionGauges(registry, stack.nc, stack.redis).start()
     stop = stop_event()
     log.info("router_service_ready", router=cfg.stack.router)
     try:
@@ -194,5 +196,6 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
         with contextlib.suppress(TimeoutError):  # let followers see their requests finish
             await asyncio.wait_for(asyncio.gather(*service.followers), 30)
     finally:
+        connections.cancel()
         await stack.close()
         tracing.shutdown()

@@ -28,6 +28,7 @@ from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
 from base.connect import Hook, close_nats, connect_nats
+from base.connection_metrics import ConnectionGauges
 from base.ops_http import start_ops_server
 from base.signals import on_stop_signal
 from base.topology import ensure_consumer, ensure_topology
@@ -251,10 +252,12 @@ async def run_worker(
     hooks.append(proc.republish_recent)  # chunks in flight to a server that died
     on_stop_signal(proc.stop)
     serving: list[asyncio.Task[None]] = []
+    connections = ConnectionGauges(proc.prom, nc).start()
     try:
         await _start_all(proc, replica_ids(cfg.worker_id, replicas), start_concurrency, serving)
         await _until_stopped(proc, serving)
     finally:
+        connections.cancel()
         proc.stop()
         await asyncio.gather(*serving, return_exceptions=True)  # the drains, in parallel
         await close_nats(nc)

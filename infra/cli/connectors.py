@@ -18,6 +18,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from base.connect import close_nats, connect_nats
+from base.connection_metrics import ConnectionGauges
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
 from base.topology import ensure_topology
@@ -53,6 +54,7 @@ async def run_local_connector(
     registry = CollectorRegistry()
     if metrics_port:
         start_ops_server(metrics_port, registry, nats_connected(nc), metrics_host)
+    connections = ConnectionGauges(registry, nc).start()
     watch = WorkerWatch(nc, subjects)
     await watch.start()
     scaler = LocalScaler(scaler_cfg, watch)
@@ -70,6 +72,7 @@ async def run_local_connector(
         log.info("connector_ready", connector="local", model=model)
         await service.run(stop)
     finally:
+        connections.cancel()
         await scaler.close()
         await watch.stop()
         await close_nats(nc)

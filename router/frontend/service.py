@@ -14,6 +14,7 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from base.connection_metrics import ConnectionGauges
 from base.tracing import Tracing
 from router.frontend.http import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
@@ -107,9 +108,11 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         frontend_id=cfg.frontend_id,
     )
     await app.start()
+    connections = ConnectionGauges(metrics.registry, stack.nc, stack.redis).start()
     try:
         await server.serve(sockets=[sock])
     finally:
+        connections.cancel()
         await app.close()
         await stack.close()
         tracing.shutdown()
