@@ -76,7 +76,9 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     tracing = Tracing("jetfleet-frontend", cfg.frontend_id)  # OTLP export if configured
     metrics = FrontendMetrics(CollectorRegistry())
     sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)  # first: a taken port fails fast
-    stack = await RoutingStack.open(cfg.stack, cfg.frontend_id, metrics.count_placement)
+    stack = await RoutingStack.open(
+        cfg.stack, cfg.frontend_id, metrics.count_placement, metrics.count_worker_change
+    )
     app = Frontend(
         cfg.http,
         stack.discovery,
