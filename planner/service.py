@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from base.connect import close_nats, connect_nats
 from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters, Fetch, pull_loop
+from base.consumer_metrics import ConsumerPending
 from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
@@ -317,10 +318,14 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
     await watch.start()
     service = PlannerService(cfg, nc, watch, registry)
     connections = ConnectionGauges(registry, nc).start()
+    spec = planner_consumer(cfg.subjects, cfg.model, cfg.planner.adjustment_interval_s)
+    stream = cfg.subjects.stream_name("METRICS")
+    backlog = ConsumerPending(registry, nc.jetstream(), stream, spec.durable).start()
     stop = stop_event()
     try:
         await service.run(stop)
     finally:
         connections.cancel()
+        backlog.cancel()
         await watch.stop()
         await close_nats(nc)

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters, pull_loop, until
+from base.consumer_metrics import ConsumerPending
 from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected, start_ops_server
 from base.signals import stop_event
@@ -189,6 +190,10 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
             cfg.metrics_host,
         )
     connections = ConnectionGauges(registry, stack.nc, stack.redis).start()
+    s = cfg.stack.subjects
+    backlog = ConsumerPending(
+        registry, stack.nc.jetstream(), s.stream_name("REQUESTS"), router_consumer(s).durable
+    ).start()
     stop = stop_event()
     log.info("router_service_ready", router=cfg.stack.router)
     try:
@@ -197,5 +202,6 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
             await asyncio.wait_for(asyncio.gather(*service.followers), 30)
     finally:
         connections.cancel()
+        backlog.cancel()
         await stack.close()
         tracing.shutdown()
