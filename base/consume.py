@@ -104,6 +104,9 @@ class DeadLetters:
     component: str  # "worker", "router", "planner", "connector-local"...
     metrics: DeadLetterMetrics = UNCOUNTED  # the process's (one per registry)
 
+    def __post_init__(self) -> None:
+        self.metrics.letters.labels(self.component)  # from 0, so increase() sees the first
+
     async def record(self, msg: Msg, reason: str) -> None:
         """Dead-letter ``msg`` and leave it be: a core NATS message (nothing to terminate), or
         one its consumer settles itself (the planner's ack-all, the indexer's position)."""

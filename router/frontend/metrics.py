@@ -122,6 +122,8 @@ class FrontendMetrics:
             ["change"],
             registry=registry,
         )
+        for change in ("joined", "left"):  # from 0, so increase() sees the first change
+            self.worker_changes.labels(change)
         self.migrations = Counter(
             f"{ns}_migrations", "Requests moved to another worker", ["model"], registry=registry
         )

@@ -161,6 +161,7 @@ async def test_every_dead_letter_is_counted_by_component_even_when_its_publish_f
     registry = CollectorRegistry()
     metrics = DeadLetterMetrics(registry)
     ok = DeadLetters(FakeNats(), Subjects("t"), "router", metrics)  # type: ignore[arg-type]
+    assert registry.get_sample_value("jetfleet_dead_letters_total", {"component": "router"}) == 0
     down = DeadLetters(FailingNats(), Subjects("t"), "router", metrics)  # type: ignore[arg-type]
     await ok.refuse(FakeMsg(b"junk"), "undecodable")  # type: ignore[arg-type]
     await down.record(FakeMsg(b"junk"), "undecodable")  # type: ignore[arg-type]

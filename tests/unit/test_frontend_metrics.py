@@ -65,6 +65,9 @@ def test_the_frontend_keeps_one_observer_per_model() -> None:
 def test_discoverys_worker_changes_are_counted_by_change() -> None:
     registry = CollectorRegistry()
     metrics = FrontendMetrics(registry)
+    assert (
+        registry.get_sample_value("jetfleet_frontend_worker_changes_total", {"change": "left"}) == 0
+    )
     for worker_id, change in [("w1", "joined"), ("w1", "left"), ("w1", "joined")]:
         metrics.count_worker_change(worker_id, change)
     value = registry.get_sample_value
