@@ -12,7 +12,8 @@
   redelivered at once to whoever pulls next, so a worker never starts more than it has room for.
 - **Dead letters** (``DeadLetters``, one per component): a message that does not decode, or
   decodes to something no one may act on, is published on ``{prefix}.dlq.{component}`` with
-  the reason and terminated (never redelivered to spread), and the consumer carries on. A
+  the reason and terminated (never redelivered to spread), counted in
+  ``jetfleet_dead_letters_total{component}``, and the consumer carries on. A
   refused ``Request`` whose id can name a subject also ends its client's token stream at once
   with an error chunk. Nothing here raises: a failure to dead-letter or terminate is logged or
   swallowed, never allowed to stop the consumer.
@@ -35,7 +36,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
-from base.deadletter import dead_letter
+from base.deadletter import UNCOUNTED, DeadLetterMetrics, dead_letter
 from schemas import Request, Subjects, WireDecodeError, decode, encode
 from schemas.tokens import error_chunk
 from schemas.validate import is_subject_token
@@ -101,11 +102,15 @@ class DeadLetters:
     nc: NATS
     subjects: Subjects
     component: str  # "worker", "router", "planner", "connector-local"...
+    metrics: DeadLetterMetrics = UNCOUNTED  # the process's (one per registry)
+
+    def __post_init__(self) -> None:
+        self.metrics.letters.labels(self.component)  # from 0, so increase() sees the first
 
     async def record(self, msg: Msg, reason: str) -> None:
         """Dead-letter ``msg`` and leave it be: a core NATS message (nothing to terminate), or
         one its consumer settles itself (the planner's ack-all, the indexer's position)."""
-        await dead_letter(self.nc, self.subjects, self.component, msg, reason)
+        await dead_letter(self.nc, self.subjects, self.component, msg, reason, self.metrics)
 
     async def refuse(self, msg: Msg, reason: str) -> None:
         """Dead-letter ``msg`` with ``reason`` and terminate it."""

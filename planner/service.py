@@ -35,7 +35,10 @@ from nats.js import JetStreamContext
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from base.connect import close_nats, connect_nats
+from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters, Fetch, pull_loop
+from base.consumer_metrics import ConsumerPending
+from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected
 from base.ops_presence import serve_ops
 from base.signals import stop_event
@@ -73,6 +76,7 @@ class PlannerServiceConfig:
 class PlannerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_planner"
+        self.dead_letters = DeadLetterMetrics(registry)
         self.predicted = Gauge(
             f"{ns}_predicted",
             "Predicted next-interval load",
@@ -99,12 +103,29 @@ class PlannerMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=registry,
         )
+        # the latency targets, so alerts compare the frontends' latencies with them
+        self.ttft_target = Gauge(
+            f"{ns}_ttft_target_seconds",
+            "The planner's time-to-first-token target (it compares the interval's p90 TTFT)",
+            ["model"],
+            registry=registry,
+        )
+        self.itl_target = Gauge(
+            f"{ns}_itl_target_seconds",
+            "The planner's inter-token latency target (it compares the interval's mean ITL)",
+            ["model"],
+            registry=registry,
+        )
         self.interval_messages = Gauge(
             f"{ns}_interval_messages",
             "Metric messages in the last interval",
             ["model"],
             registry=registry,
         )
+
+    def targets(self, model: str, cfg: PlannerConfig) -> None:
+        self.ttft_target.labels(model).set(cfg.ttft_target_s)
+        self.itl_target.labels(model).set(cfg.itl_target_s)
 
     def record(self, model: str, decisions: list[Decision], inp: IntervalInput) -> None:
         self.interval_messages.labels(model).set(len(inp.observations) + len(inp.loads))
@@ -177,8 +198,9 @@ class PlannerService:
         self.nc = nc
         self.js = nc.jetstream()
         self.watch = watch
-        self.letters = DeadLetters(nc, cfg.subjects, "planner")
         self.metrics = PlannerMetrics(registry)
+        self.metrics.targets(cfg.model, cfg.planner)
+        self.letters = DeadLetters(nc, cfg.subjects, "planner", self.metrics.dead_letters)
         self.state = PlannerState()
         self.collector = IntervalCollector(cfg.subjects, cfg.model)
         self.pending_ack: Any = None
@@ -299,11 +321,17 @@ async def run_planner(cfg: PlannerServiceConfig) -> None:
     watch = WorkerWatch(nc, cfg.subjects, judge=True)  # one of the fleet's judges of liveness
     await watch.start()
     service = PlannerService(cfg, nc, watch, registry)
+    connections = ConnectionGauges(registry, nc).start()
+    spec = planner_consumer(cfg.subjects, cfg.model, cfg.planner.adjustment_interval_s)
+    stream = cfg.subjects.stream_name("METRICS")
+    backlog = ConsumerPending(registry, nc.jetstream(), stream, spec.durable).start()
     stop = stop_event()
     try:
         await service.run(stop)
     finally:
         if presence is not None:
             await presence.stop()
+        connections.cancel()
+        backlog.cancel()
         await watch.stop()
         await close_nats(nc)

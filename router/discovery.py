@@ -66,7 +66,10 @@ class Discovery:
         prune_interval_s: float = 0.25,
         on_worker_joined: Callable[[str], None] = lambda _w: None,
         tokenizer_read_timeout_s: float = TOKENIZER_READ_TIMEOUT_S,
+        on_worker_left: Callable[[str], None] = lambda _w: None,
     ) -> None:
+        """``on_worker_joined`` / ``on_worker_left``: told each worker id that joins or leaves
+        (after the ``FleetState`` is)."""
         self.nc = nc
         self.js = nc.jetstream()
         self.subjects = subjects
@@ -76,15 +79,20 @@ class Discovery:
         self._models_watch: Any = None
         self._sub: Subscription | None = None
         self.synced = asyncio.Event()
+        self._on_worker_left = on_worker_left
         self.watch = FleetFollower(
             nc,
             subjects,
             on_heard=state.upsert,
-            on_gone=state.remove,
+            on_gone=self._worker_gone,
             on_joined=on_worker_joined,
             expire_every_s=prune_interval_s,
         )
         self.tokenizer_read_timeout_s = tokenizer_read_timeout_s
+
+    def _worker_gone(self, worker_id: str) -> None:
+        self.state.remove(worker_id)
+        self._on_worker_left(worker_id)
 
     async def start(self) -> None:
         s = self.subjects

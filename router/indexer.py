@@ -49,7 +49,9 @@ from nats.js.errors import ObjectNotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
+from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters
+from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected
 from base.ops_presence import serve_ops
 from base.signals import stop_event
@@ -133,6 +135,7 @@ class IndexerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_indexer"
         self.registry = registry
+        self.dead_letters = DeadLetterMetrics(registry)
         self.blocks = Counter(
             f"{ns}_block_events", "Block events applied", ["kind"], registry=registry
         )
@@ -169,7 +172,7 @@ class Indexer:
         self.cfg = cfg
         self.nc = nc
         self.js = nc.jetstream()
-        self.letters = DeadLetters(nc, cfg.subjects, "indexer")
+        self.letters = DeadLetters(nc, cfg.subjects, "indexer", metrics.dead_letters)
         self.redis = redis
         self.index = RedisPrefixIndex(
             redis,
@@ -673,6 +676,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
         cfg.metrics_host,
         instance=cfg.indexer_id,
     )
+    connections = ConnectionGauges(prom, nc, redis).start()
     pending: set[asyncio.Task[None]] = set()
 
     def live_workers() -> set[str] | None:  # the watch below, once it has read discovery
@@ -692,6 +696,7 @@ async def run_indexer(cfg: IndexerConfig) -> None:
     finally:
         if presence is not None:
             await presence.stop()
+        connections.cancel()
         await watch.stop()
         await close_nats(nc)
         await redis.aclose()

@@ -21,7 +21,10 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter
 
+from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters, pull_loop, until
+from base.consumer_metrics import ConsumerPending
+from base.deadletter import DeadLetterMetrics
 from base.ops_http import nats_connected
 from base.ops_presence import serve_ops
 from base.signals import stop_event
@@ -78,11 +81,12 @@ class RouterService:
         self.cfg = cfg
         self.subjects = cfg.stack.subjects
         self.tracing = tracing or Tracing("jetfleet-router", "router-service", env={})
-        self.submissions = submissions_counter(registry or CollectorRegistry())
+        registry = registry or CollectorRegistry()
+        self.submissions = submissions_counter(registry)
         self.vocab_size = vocab_size  # the model's, once discovery has loaded its tokenizer
         self.nc = nc
         self.js = nc.jetstream()
-        self.letters = DeadLetters(nc, self.subjects, "router")
+        self.letters = DeadLetters(nc, self.subjects, "router", DeadLetterMetrics(registry))
         self.client = client
         self.followers: set[asyncio.Task[None]] = set()
 
@@ -192,6 +196,11 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
         nats_connected(stack.nc),
         cfg.metrics_host,
     )
+    connections = ConnectionGauges(registry, stack.nc, stack.redis).start()
+    s = cfg.stack.subjects
+    backlog = ConsumerPending(
+        registry, stack.nc.jetstream(), s.stream_name("REQUESTS"), router_consumer(s).durable
+    ).start()
     stop = stop_event()
     log.info("router_service_ready", router=cfg.stack.router)
     try:
@@ -201,5 +210,7 @@ async def run_router_service(cfg: RouterServiceConfig) -> None:
     finally:
         if presence is not None:
             await presence.stop()
+        connections.cancel()
+        backlog.cancel()
         await stack.close()
         tracing.shutdown()

@@ -55,9 +55,11 @@ class RoutingStack:
         cfg: StackConfig,
         name: str,
         on_placement: Callable[[str, Placement], None] = lambda _model, _p: None,
+        on_worker_change: Callable[[str, str], None] = lambda _worker_id, _change: None,
     ) -> RoutingStack:
         """Connect and start; anything opened before a failure is closed again.
-        ``on_placement(model, placement)``: each disaggregated model's prefill placement."""
+        ``on_placement(model, placement)``: each disaggregated model's prefill placement;
+        ``on_worker_change(worker_id, "joined" | "left")``: discovery's changes of workers."""
         hooks: list[Hook] = []
         nc = await connect_nats(cfg.nats_url, name=name, on_reconnect=hooks)
         redis: aioredis.Redis | None = None
@@ -68,7 +70,13 @@ class RoutingStack:
             router = build_router(cfg.router, cfg.subjects, redis, cfg.kv)
             await warm_router(router)
             client = build_client(nc, cfg, state, router, on_placement)
-            discovery = Discovery(nc, cfg.subjects, state)
+            discovery = Discovery(
+                nc,
+                cfg.subjects,
+                state,
+                on_worker_joined=lambda w: on_worker_change(w, "joined"),
+                on_worker_left=lambda w: on_worker_change(w, "left"),
+            )
             await discovery.start()
         except BaseException:
             if redis is not None:

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from base.consume import DeadLetters
+from base.deadletter import UNCOUNTED, DeadLetterMetrics
 from schemas import CancelRequested, Subjects
 
 log = structlog.get_logger("jetfleet.worker")
@@ -40,10 +41,12 @@ class _Member:
 class CancelFeed:
     """The cancel subscription of a process, shared by its workers (see the module docstring)."""
 
-    def __init__(self, nc: NATS, subjects: Subjects) -> None:
+    def __init__(
+        self, nc: NATS, subjects: Subjects, dead_letters: DeadLetterMetrics = UNCOUNTED
+    ) -> None:
         self.nc = nc
         self.subjects = subjects
-        self.letters = DeadLetters(nc, subjects, "worker")
+        self.letters = DeadLetters(nc, subjects, "worker", dead_letters)
         self._members: list[_Member] = []
         self._sub: Any = None
         self._lock = asyncio.Lock()  # workers start and drain concurrently

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client as NATS
 
+from base.deadletter import UNCOUNTED, DeadLetterMetrics
 from workers.cancels import CancelFeed
 from workers.config import WorkerConfig
 from workers.fence import ConnectionProbe
@@ -32,10 +33,13 @@ class ProcessFeeds:
     pool: PoolFeed
 
     @classmethod
-    def for_connection(cls, nc: NATS, cfg: WorkerConfig) -> ProcessFeeds:
-        """The feeds of the workers ``cfg`` describes (one model and role) on ``nc``."""
+    def for_connection(
+        cls, nc: NATS, cfg: WorkerConfig, dead_letters: DeadLetterMetrics = UNCOUNTED
+    ) -> ProcessFeeds:
+        """The feeds of the workers ``cfg`` describes (one model and role) on ``nc``
+        (``dead_letters``: where the cancel feed counts what it gives up on)."""
         return cls(
-            CancelFeed(nc, cfg.subjects),
+            CancelFeed(nc, cfg.subjects, dead_letters),
             ConnectionProbe(nc, cfg.ttl_s),
             PoolFeed(nc.jetstream(), cfg.subjects, cfg.model_name, cfg.role),
         )

@@ -75,7 +75,7 @@ class Intake:
         self.metrics = metrics
         self.tracing = tracing
         self.on_ready = on_ready
-        self.letters = DeadLetters(nc, cfg.subjects, "worker")
+        self.letters = DeadLetters(nc, cfg.subjects, "worker", metrics.dead_letters)
         self.log = log
 
     async def subscribe(self) -> Any:

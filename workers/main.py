@@ -27,6 +27,8 @@ from nats.aio.client import Client as NATS
 from prometheus_client import CollectorRegistry
 
 from base.connect import Hook, close_nats, connect_nats
+from base.connection_metrics import ConnectionGauges
+from base.consumer_metrics import ConsumerPending
 from base.ops_http import start_ops_server
 from base.ops_presence import advertised_url
 from base.signals import on_stop_signal
@@ -109,7 +111,7 @@ class WorkerProcess:
         self.tracing = Tracing("jetfleet-worker", cfg.worker_id)  # OTLP export if configured
         self.prom = CollectorRegistry()
         self.families = WorkerMetricFamilies(self.prom)
-        self.feeds = ProcessFeeds.for_connection(nc, cfg)
+        self.feeds = ProcessFeeds.for_connection(nc, cfg, self.families.dead_letters)
         self.metrics_url = ""
         self.replicas: list[Replica] = []
         self.stopping = asyncio.Event()  # no more replicas start; every one started drains
@@ -240,20 +242,22 @@ async def run_worker(
     nc = await connect_nats(cfg.nats_url, name=f"worker-{cfg.worker_id}", on_reconnect=hooks)
     proc = WorkerProcess(cfg, choice, local, nc)
     await ensure_topology(proc.js, cfg.subjects)
-    await ensure_consumer(
-        proc.js,
-        cfg.subjects.stream_name("REQUESTS"),
-        pool_consumer(cfg.subjects, cfg.model_name, cfg.role),
-    )
+    pool = pool_consumer(cfg.subjects, cfg.model_name, cfg.role)
+    requests = cfg.subjects.stream_name("REQUESTS")
+    await ensure_consumer(proc.js, requests, pool)
     if cfg.metrics_port:
         proc.serve_ops()
     hooks.append(proc.republish_recent)  # chunks in flight to a server that died
     on_stop_signal(proc.stop)
     serving: list[asyncio.Task[None]] = []
+    connections = ConnectionGauges(proc.prom, nc).start()
+    backlog = ConsumerPending(proc.prom, proc.js, requests, pool.durable).start()
     try:
         await _start_all(proc, replica_ids(cfg.worker_id, replicas), start_concurrency, serving)
         await _until_stopped(proc, serving)
     finally:
+        connections.cancel()
+        backlog.cancel()
         proc.stop()
         await asyncio.gather(*serving, return_exceptions=True)  # the drains, in parallel
         await close_nats(nc)

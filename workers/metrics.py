@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from base.deadletter import DeadLetterMetrics
 from workers.engine import EngineLoad
 from workers.request_state import ActiveRequest
 
@@ -52,6 +53,7 @@ class WorkerMetricFamilies:
         self.preemptions = counter("num_preemptions", "Sequences preempted (KV cache full)")
         self.cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up")
         self.cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.dead_letters = DeadLetterMetrics(registry)  # jetfleet_dead_letters_total
 
 
 class WorkerMetrics:
@@ -61,6 +63,7 @@ class WorkerMetrics:
         fam = families
         labels = {"model": model, "worker_id": worker_id}
         self.registry = fam.registry
+        self.dead_letters = fam.dead_letters
         self.requests_started = fam.requests_started.labels(**labels)
         self._finished = fam.finished
         self._tokens = fam.tokens

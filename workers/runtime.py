@@ -62,7 +62,7 @@ class WorkerRuntime:
         """``feeds``: the cancel subscription, fence probe and pool pull this worker shares
         with the other workers of its process (``workers.feeds``); None: its own."""
         self.cfg = cfg
-        self.feeds = feeds or ProcessFeeds.for_connection(nc, cfg)
+        self.feeds = feeds or ProcessFeeds.for_connection(nc, cfg, metrics.dead_letters)
         self.engine = engine
         self.nc = nc
         self.registry = registry

@@ -18,6 +18,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from base.connect import close_nats, connect_nats
+from base.connection_metrics import ConnectionGauges
 from base.ops_http import nats_connected
 from base.ops_presence import serve_ops
 from base.signals import stop_event
@@ -56,6 +57,7 @@ async def run_local_connector(
         nc, subjects, "connector", metrics_port, registry, nats_connected(nc), metrics_host,
         model=model,
     )  # fmt: skip
+    connections = ConnectionGauges(registry, nc).start()
     watch = WorkerWatch(nc, subjects)
     await watch.start()
     scaler = LocalScaler(scaler_cfg, watch)
@@ -75,6 +77,7 @@ async def run_local_connector(
     finally:
         if presence is not None:
             await presence.stop()
+        connections.cancel()
         await scaler.close()
         await watch.stop()
         await close_nats(nc)

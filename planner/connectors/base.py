@@ -31,6 +31,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.consume import DeadLetters, pull_loop, until
+from base.deadletter import DeadLetterMetrics
 from base.topology import ensure_consumer
 from schemas import ScalingDecided, ScalingStatus, Subjects, encode
 from schemas.streams import ConsumerSpec
@@ -74,6 +75,7 @@ class ConnectorMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         ns = "jetfleet_connector"
+        self.dead_letters = DeadLetterMetrics(registry)
         self.statuses = Counter(
             f"{ns}_statuses", "Scaling statuses published", ["model", "role", "state"],
             registry=registry,
@@ -100,12 +102,14 @@ class ConnectorService:
         self.subjects = subjects
         self.model = model
         self.scaler = scaler
-        self.letters = DeadLetters(nc, subjects, f"connector-{scaler.name}")
         self.max_age_s = max_age_s
         self.heartbeat_s = heartbeat_s
         self.last_applied: dict[str, int] = {}
         self.applied = 0
         self.metrics = ConnectorMetrics(registry or CollectorRegistry())
+        self.letters = DeadLetters(
+            nc, subjects, f"connector-{scaler.name}", self.metrics.dead_letters
+        )
 
     async def status(
         self, d: ScalingDecided, state: str, replicas: int = 0, detail: str = ""

@@ -116,6 +116,14 @@ class FrontendMetrics:
             registry=registry,
         )
         self.shed = Counter(f"{ns}_shed", "Requests shed with 503", ["model"], registry=registry)
+        self.worker_changes = Counter(
+            f"{ns}_worker_changes",
+            "Workers this frontend's discovery saw join or leave (a restart is both)",
+            ["change"],
+            registry=registry,
+        )
+        for change in ("joined", "left"):  # from 0, so increase() sees the first change
+            self.worker_changes.labels(change)
         self.migrations = Counter(
             f"{ns}_migrations", "Requests moved to another worker", ["model"], registry=registry
         )
@@ -153,6 +161,9 @@ class FrontendMetrics:
             buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
             registry=registry,
         )
+
+    def count_worker_change(self, _worker_id: str, change: str) -> None:
+        self.worker_changes.labels(change).inc()
 
     def count_placement(self, model: str, placement: Placement) -> None:
         where = "remote" if placement.remote else "local"

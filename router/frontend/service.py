@@ -14,6 +14,7 @@ import structlog
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from base.connection_metrics import ConnectionGauges
 from base.tracing import Tracing
 from router.frontend.http import Frontend, FrontendConfig
 from router.frontend.metrics import FrontendMetrics
@@ -75,7 +76,9 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     tracing = Tracing("jetfleet-frontend", cfg.frontend_id)  # OTLP export if configured
     metrics = FrontendMetrics(CollectorRegistry())
     sock = listening_socket(cfg.host, cfg.port, cfg.reuse_port)  # first: a taken port fails fast
-    stack = await RoutingStack.open(cfg.stack, cfg.frontend_id, metrics.count_placement)
+    stack = await RoutingStack.open(
+        cfg.stack, cfg.frontend_id, metrics.count_placement, metrics.count_worker_change
+    )
     app = Frontend(
         cfg.http,
         stack.discovery,
@@ -107,9 +110,11 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         frontend_id=cfg.frontend_id,
     )
     await app.start()
+    connections = ConnectionGauges(metrics.registry, stack.nc, stack.redis).start()
     try:
         await server.serve(sockets=[sock])
     finally:
+        connections.cancel()
         await app.close()
         await stack.close()
         tracing.shutdown()

@@ -16,6 +16,8 @@ import pytest
 from base.topology import ensure_topology
 from base.worker_follow import FleetFollower
 from base.worker_watch import WorkerWatch
+from router.discovery import Discovery
+from router.fleet_state import FleetState
 from schemas import WorkerRegistration, decode, encode
 from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 from tests.support.builders import registration
@@ -166,3 +168,28 @@ async def test_a_judge_puts_back_the_registration_of_a_worker_whose_heartbeats_r
     finally:
         w.stop()
         await judge.stop()
+
+
+async def test_discovery_tells_each_workers_joining_and_leaving_after_its_fleet_state(fleet):
+    """What the frontend counts as ``jetfleet_frontend_worker_changes_total``."""
+    nc, subjects = fleet
+    state = FleetState()
+    changes: list[tuple[str, str, bool]] = []  # worker, change, in the state when told
+    discovery = Discovery(
+        nc,
+        subjects,
+        state,
+        on_worker_joined=lambda w: changes.append((w, "joined", w in state.workers)),
+        on_worker_left=lambda w: changes.append((w, "left", w in state.workers)),
+    )
+    await discovery.start()
+    w = Beating(nc.jetstream(), subjects, "w-churn")
+    await w.start()
+    try:
+        await wait_for(lambda: changes == [("w-churn", "joined", True)], timeout=10)
+        w.stop()
+        await wait_for(lambda: len(changes) == 2, timeout=10)
+        assert changes[1] == ("w-churn", "left", False)
+    finally:
+        w.stop()
+        await discovery.stop()

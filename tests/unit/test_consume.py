@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
+from prometheus_client import CollectorRegistry
 
 from base import consume
 from base.consume import DeadLetters, Fetch, pull_loop, until
+from base.deadletter import DeadLetterMetrics
 from schemas import DeadLetter, Request, SamplingParams, Subjects, TokenChunk, decode, encode
 
 
@@ -148,6 +150,25 @@ async def test_a_core_nats_message_is_only_recorded_and_a_failed_term_is_swallow
     closing = FakeMsg(b"junk", term_fails=True)
     await _letters(nc).refuse(closing, "why")  # type: ignore[arg-type]
     assert closing.terms == 1 and len(nc.published) == 2
+
+
+class FailingNats:
+    async def publish(self, subject: str, payload: bytes) -> None:
+        raise ConnectionError("nats down")
+
+
+async def test_every_dead_letter_is_counted_by_component_even_when_its_publish_fails() -> None:
+    registry = CollectorRegistry()
+    metrics = DeadLetterMetrics(registry)
+    ok = DeadLetters(FakeNats(), Subjects("t"), "router", metrics)  # type: ignore[arg-type]
+    assert registry.get_sample_value("jetfleet_dead_letters_total", {"component": "router"}) == 0
+    down = DeadLetters(FailingNats(), Subjects("t"), "router", metrics)  # type: ignore[arg-type]
+    await ok.refuse(FakeMsg(b"junk"), "undecodable")  # type: ignore[arg-type]
+    await down.record(FakeMsg(b"junk"), "undecodable")  # type: ignore[arg-type]
+    assert registry.get_sample_value("jetfleet_dead_letters_total", {"component": "router"}) == 2
+    req = Request("r1", "m", (1, 2), SamplingParams(max_tokens=2))
+    assert await ok.decoded(FakeMsg(encode(req)), Request) == req  # type: ignore[arg-type]
+    assert registry.get_sample_value("jetfleet_dead_letters_total", {"component": "router"}) == 2
 
 
 async def test_a_decodable_message_comes_back_and_nothing_is_published() -> None:

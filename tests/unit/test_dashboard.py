@@ -7,35 +7,10 @@ import re
 from pathlib import Path
 
 import yaml
-from prometheus_client import CollectorRegistry
 
-from planner.service import PlannerMetrics
-from router.frontend.metrics import FrontendMetrics
-from router.frontend.tokenize import TokenizeMetrics
-from router.indexer import IndexerMetrics
-from router.service import submissions_counter
-from workers.metrics import WorkerMetricFamilies, WorkerMetrics
+from tests.support.metrics import exported
 
 DEPLOY = Path(__file__).resolve().parents[2] / "infra" / "deploy"
-
-
-def exported() -> set[str]:
-    registry = CollectorRegistry()
-    FrontendMetrics(registry)
-    TokenizeMetrics(registry)
-    WorkerMetrics(WorkerMetricFamilies(registry), "m", "w")
-    IndexerMetrics(registry)
-    PlannerMetrics(registry)
-    submissions_counter(registry)
-    names = set()
-    for family in registry.collect():
-        names |= {sample.name for sample in family.samples} | {family.name}
-    for family in registry.collect():  # series that only appear once labelled
-        if family.type == "counter":
-            names.add(family.name + "_total")
-        if family.type == "histogram":
-            names |= {family.name + s for s in ("_bucket", "_sum", "_count")}
-    return names
 
 
 def test_every_dashboard_query_names_an_exported_metric() -> None:

@@ -60,3 +60,16 @@ def test_the_frontend_keeps_one_observer_per_model() -> None:
     metrics.itl_observer("a")(0.002, 4)
     text = generate_latest(metrics.registry).decode()
     assert 'jetfleet_frontend_inter_token_latency_seconds_count{model="a"} 4.0' in text
+
+
+def test_discoverys_worker_changes_are_counted_by_change() -> None:
+    registry = CollectorRegistry()
+    metrics = FrontendMetrics(registry)
+    assert (
+        registry.get_sample_value("jetfleet_frontend_worker_changes_total", {"change": "left"}) == 0
+    )
+    for worker_id, change in [("w1", "joined"), ("w1", "left"), ("w1", "joined")]:
+        metrics.count_worker_change(worker_id, change)
+    value = registry.get_sample_value
+    assert value("jetfleet_frontend_worker_changes_total", {"change": "joined"}) == 2
+    assert value("jetfleet_frontend_worker_changes_total", {"change": "left"}) == 1
