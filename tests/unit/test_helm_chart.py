@@ -27,6 +27,7 @@ import yaml
 from kubernetes_validate.utils import all_versions, latest_version
 
 from infra.cli import build_parser
+from infra.cli.connectors import config_from_args
 from infra.devtools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -414,11 +415,12 @@ def test_the_connector_may_scale_the_pools_and_nothing_else(values_file: str) ->
         d for d in of_kind(docs, "Deployment") if pod_labels(d)[COMPONENT] == "connector"
     ]
     (c,) = pod_spec(connector)["containers"]
-    mapped = dict(
-        arg.split("=") for i, arg in enumerate(c["args"]) if c["args"][i - 1] == "--deployment"
-    )
-    assert {name: role for role, name in mapped.items()} == workers
-    assert arg_after(c["args"], "--namespace") == NAMESPACE
+    args = build_parser().parse_args(c["args"])
+    cfg = config_from_args(args, service_account_dir=Path("/nonexistent"))
+    assert {name: role for role, name in cfg.deployments.items()} == workers
+    assert cfg.namespace == NAMESPACE and args.model == chart_values(values_file)["fleet"]["model"]
+    assert connector["spec"]["replicas"] == 1  # two connectors never act at once
+    assert connector["spec"]["strategy"]["type"] == "Recreate"
     (role,) = of_kind(docs, "Role")
     assert role["rules"] == [
         {
