@@ -18,6 +18,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /install /usr/local
 RUN useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin jetfleet
 USER 10001
-EXPOSE 8000 9090
+EXPOSE 8000 8001
 ENTRYPOINT ["jetfleet"]
 CMD ["--help"]

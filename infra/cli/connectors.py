@@ -193,10 +193,10 @@ async def _serve_until_signal(
 def run_kubernetes_connector(args: argparse.Namespace, subjects: Subjects) -> int:
     """``jetfleet connector kubernetes``: apply decisions until SIGTERM or SIGINT.
 
-    In a pod (service account ``jetfleet-planner``, infra/deploy/k8s/rbac.yaml)::
+    In a pod (its own service account; the Helm chart infra/deploy/helm/jetfleet runs it so)::
 
         jetfleet connector kubernetes --nats nats://nats:4222 --model jetfleet-tiny \\
-            --namespace jetfleet --deployment agg=jetfleet-agg
+            --namespace jetfleet --deployment agg=jetfleet-worker-agg
 
     From a workstation, through ``kubectl proxy`` or with a token::
 

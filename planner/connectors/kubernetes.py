@@ -14,12 +14,12 @@ goes to the Deployment's **scale subresource**, as ``kubectl scale`` sends it::
     Content-Type: application/merge-patch+json
     {"spec": {"replicas": N}}
 
-which needs ``patch`` on ``deployments/scale`` only (``infra/deploy/k8s/rbac.yaml``), not write
+which needs ``patch`` on ``deployments/scale`` only (the Helm chart's connector Role), not write
 access to the Deployment. ``applied`` means the API server accepted the new ``spec.replicas``
 (the result's ``replicas`` is the value it returned); the Deployment controller converges after.
 On a scale-down the kubelet sends SIGTERM to the pods the controller removes and each worker
 drains (stops taking requests, finishes in flight, deregisters, exits) within the pod's
-``terminationGracePeriodSeconds`` (``infra/deploy/k8s/workers.yaml``).
+``terminationGracePeriodSeconds`` (``infra/deploy/helm/jetfleet``, ``workers.pools``).
 
 Failures are results, never exceptions: a role without a Deployment, and API errors (status code,
 reason and the API's message in ``detail``). 409 Conflict, 429, 5xx and an unreachable API server

@@ -42,7 +42,7 @@ class MultiHostFleet:
         self,
         tmp: Path,
         workers: int = 3,
-        sync_interval: str | None = "always",  # as infra/deploy/k8s/nats.yaml ships
+        sync_interval: str | None = "always",  # as the Helm chart's bundled NATS ships
         disks: bool = False,
         worker_flags: tuple[str, ...] = (),
         frontend_flags: tuple[str, ...] = (),

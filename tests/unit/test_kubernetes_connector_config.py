@@ -1,15 +1,12 @@
-"""The kubernetes connector's pure parts (role mapping, credential choice, flags, error text)
-and the consistency of the manifests in infra/deploy with them."""
+"""The kubernetes connector's pure parts (role mapping, credential choice, flags, error text).
+The Helm chart's connector and its Role, consistent with them: tests/unit/test_helm_chart.py."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from infra.cli.connectors import add_kubernetes_args, config_from_args
 from planner.connectors.kubernetes import (
@@ -21,7 +18,6 @@ from planner.connectors.kubernetes import (
     resolve_auth,
     retryable,
 )
-from workers.config import WorkerConfig
 
 
 @pytest.mark.parametrize(
@@ -189,76 +185,3 @@ def test_config_from_args_rejects(argv: list[str]) -> None:
 def test_deployment_flag_is_required() -> None:
     with pytest.raises(SystemExit):
         _args("--namespace", "x")
-
-
-# --- infra/deploy manifests: consistent with the CLI, the RBAC and the worker's drain ----------
-
-DEPLOY = Path(__file__).resolve().parents[2] / "infra" / "deploy" / "k8s"
-
-
-def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
-
-
-def _container_args(deployment: dict[str, Any]) -> list[str]:
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["jetfleet"]
-    return [str(a) for a in container["args"]]
-
-
-def test_manifests_run_valid_commands_on_the_mapped_deployments() -> None:
-    from infra.cli import build_parser
-
-    deployments = {d["metadata"]["name"]: d for d in _docs("workers.yaml")}
-    connector = deployments.pop("jetfleet-connector")
-    drain_s = next(f.default for f in fields(WorkerConfig) if f.name == "drain_timeout_s")
-    roles: dict[str, str] = {}
-    for name, dep in deployments.items():
-        args = build_parser().parse_args(_container_args(dep))
-        assert args.cmd == "worker"
-        assert dep["spec"]["template"]["metadata"]["labels"]["jetfleet.io/role"] == args.role
-        grace_s = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert grace_s > drain_s + 10, f"{name}: no room to drain before SIGKILL"
-        roles[args.role] = name
-    assert set(roles) == {"agg", "prefill", "decode"}
-
-    args = build_parser().parse_args(_container_args(connector))
-    assert (args.cmd, args.connector) == ("connector", "kubernetes")
-    cfg = config_from_args(args, service_account_dir=Path("/nonexistent"))
-    assert dict(cfg.deployments) == roles
-    assert connector["spec"]["replicas"] == 1
-    assert connector["spec"]["strategy"]["type"] == "Recreate"
-
-
-def test_rbac_lets_the_connector_scale_exactly_the_worker_deployments() -> None:
-    rbac = {d["kind"]: d for d in _docs("rbac.yaml")}
-    workers = [d for d in _docs("workers.yaml") if d["metadata"]["name"] != "jetfleet-connector"]
-    connector = next(
-        d for d in _docs("workers.yaml") if d["metadata"]["name"] == "jetfleet-connector"
-    )
-    account = rbac["ServiceAccount"]["metadata"]
-    assert connector["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
-    binding = rbac["RoleBinding"]
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": rbac["Role"]["metadata"]["name"],
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
-    ]
-    namespaces = {d["metadata"]["namespace"] for d in [*rbac.values(), *workers, connector]}
-    assert namespaces == {account["namespace"]}
-
-    grants = {
-        (resource, verb): set(rule["resourceNames"])
-        for rule in rbac["Role"]["rules"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-        if rule["apiGroups"] == ["apps"]
-    }
-    names = {d["metadata"]["name"] for d in workers}
-    for needed in [("deployments", "get"), ("deployments/scale", "get")]:
-        assert grants[needed] == names
-    assert grants[("deployments/scale", "patch")] == names
-    assert ("deployments", "patch") not in grants and ("deployments", "update") not in grants
