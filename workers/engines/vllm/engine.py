@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncGenerator, Callable
@@ -185,6 +186,9 @@ class VllmEngine:
             vllm=started.version,
             num_gpu_blocks=self.num_gpu_blocks,
             block_size=started.block_size,
+            max_num_seqs=started.max_num_seqs,
+            max_num_batched_tokens=started.max_num_batched_tokens,
+            cpu_threads=os.environ.get("OMP_NUM_THREADS") if started.on_cpu else None,
         )
 
     async def stop(self) -> None:
