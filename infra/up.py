@@ -272,7 +272,10 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
         ops_lines = "  ".join(f"{n} http://127.0.0.1:{p}/metrics" for n, p in sorted(ops.items()))
         _say(
             f"metrics: frontend http://{args.host}:{args.port}/metrics  {ops_lines}  "
-            f"workers: jetfleet status --nats {nats_url}"
+            f"workers: jetfleet status --nats {nats_url}\n"
+            f"Prometheus: prometheus --config.file=infra/deploy/prometheus/prometheus.yml finds "
+            f"every process through http://{args.host}:{args.port}/discovery/prometheus"
+            + ("" if args.port == 8000 else " (its two URLs name port 8000: set yours)")
         )
         _say(
             f"jetfleet is up: OpenAI API at http://{args.host}:{args.port}/v1 "

@@ -182,8 +182,9 @@ async def _serve_until_signal(
     stop = stop_event()
     try:
         await serve_kubernetes_connector(
-            args.nats, subjects, args.model, cfg, stop, max_age_s=args.max_age
-        )
+            args.nats, subjects, args.model, cfg, stop, max_age_s=args.max_age,
+            metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        )  # fmt: skip
     except (ValueError, ConfigException) as exc:
         print(f"jetfleet connector kubernetes: {exc}", file=sys.stderr)
         return 2

@@ -118,6 +118,10 @@ def add_commands(sub: Any) -> None:
     k8s = csub.add_parser("kubernetes", help="set Deployment replicas via the Kubernetes API")
     common(k8s)
     add_kubernetes_args(k8s)
+    k8s.add_argument(
+        "--metrics-port", type=int, default=0, help="/metrics, /health, /ready (0: off)"
+    )
+    k8s.add_argument("--metrics-host", default="127.0.0.1", help="0.0.0.0 in a pod (probes)")
 
     rp = sub.add_parser("replay", help="re-run recorded streams")
     rsub = rp.add_subparsers(dest="replay", required=True)

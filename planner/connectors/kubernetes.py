@@ -48,8 +48,12 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import structlog
+from prometheus_client import CollectorRegistry
 
 from base.connect import close_nats, connect_nats
+from base.connection_metrics import ConnectionGauges
+from base.ops_http import nats_connected
+from base.ops_presence import serve_ops
 from base.topology import ensure_topology
 from planner.connectors.base import ConnectorService, ScaleResult
 from schemas import ScalingDecided, Subjects
@@ -316,8 +320,11 @@ async def serve_kubernetes_connector(
     stop: asyncio.Event,
     ready: asyncio.Event | None = None,
     max_age_s: float = 300.0,
+    metrics_port: int = 0,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
-    """Apply ``model``'s decisions to the Deployments of ``cfg`` until ``stop`` is set."""
+    """Apply ``model``'s decisions to the Deployments of ``cfg`` until ``stop`` is set;
+    ``metrics_port``: its operations port (/metrics, /health, /ready; 0: none)."""
     scaler = await KubernetesScaler.connect(cfg)
     try:
         for role in sorted(cfg.deployments):
@@ -327,12 +334,24 @@ async def serve_kubernetes_connector(
             else:  # not fatal: the API may come back; decisions then report the error
                 log.warning("deployment_check_failed", role=role, error=found.detail)
         nc = await connect_nats(nats_url, name=f"connector-kubernetes-{model}")
+        registry = CollectorRegistry()
+        presence = None
+        connections = ConnectionGauges(registry, nc).start()
         try:
             await ensure_topology(nc.jetstream(), subjects)
-            service = ConnectorService(nc, subjects, model, scaler, max_age_s=max_age_s)
+            presence = await serve_ops(
+                nc, subjects, "connector", metrics_port, registry, nats_connected(nc),
+                metrics_host, model=model,
+            )  # fmt: skip
+            service = ConnectorService(
+                nc, subjects, model, scaler, max_age_s=max_age_s, registry=registry
+            )
             log.info("connector_ready", connector="kubernetes", model=model)
             await service.run(stop, ready)
         finally:
+            connections.cancel()
+            if presence is not None:
+                await presence.stop()
             await close_nats(nc)
     finally:
         await scaler.close()

@@ -317,9 +317,6 @@ def test_probes_where_they_belong(values_file: str) -> None:
         if not is_jetfleet(c) or doc["kind"] == "Job":
             continue
         component = pod_labels(doc)[COMPONENT]
-        if component == "connector":  # `jetfleet connector kubernetes` has no --metrics-port
-            assert "ports" not in c and "--metrics-port" not in c["args"]
-            continue
         with_ops.add(component)
         (port,) = c["ports"]
         assert port["name"] == "ops", component
@@ -336,7 +333,7 @@ def test_probes_where_they_belong(values_file: str) -> None:
             assert "livenessProbe" not in c
         else:
             assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "ops"}, component
-    assert {"frontend", "indexer", "planner", "router", "worker"} <= with_ops
+    assert {"frontend", "indexer", "planner", "router", "worker", "connector"} <= with_ops
     for sts in of_kind(docs, "StatefulSet"):
         for c in pod_spec(sts)["containers"]:
             assert c["readinessProbe"] and c["livenessProbe"], sts["metadata"]["name"]

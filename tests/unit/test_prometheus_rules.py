@@ -48,6 +48,10 @@ def test_promtool_accepts_the_rules() -> None:
     run_promtool("check", "rules", RULES.name)
 
 
+def test_promtool_accepts_the_shipped_config_and_the_rules_it_loads() -> None:
+    run_promtool("check", "config", "prometheus.yml")
+
+
 def test_the_rules_unit_tests_pass() -> None:
     run_promtool("test", "rules", RULE_TESTS.name)
 
