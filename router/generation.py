@@ -119,6 +119,7 @@ class Generation:
         self._prefill: PrefillLeg | None = prefill[0] if prefill is not None else None
         self._held_subject = prefill[1] if prefill is not None else ""
         self._answered: PrefillLeg | None = None  # a prefill whose blocks the decode pulls
+        self._released = False  # its reservation and in-flight count given back
 
     @property
     def request_id(self) -> str:
@@ -163,11 +164,17 @@ class Generation:
                 self._take(event)
                 if event.finish_reason is not None:
                     self.stream.end()
+                    # before the caller sees the end: a client's next request (a conversation's
+                    # next turn) is routed on a fleet that no longer counts this one
+                    await self._release()
                 yield event
         finally:
             await self._release()
 
     async def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
         await self._dispatch.release(self.request_id, self.worker_id)
         if self._answered is not None:
             # Normally the decode worker already told the prefill worker it pulled the KV; if

@@ -8,7 +8,7 @@ from unittest.mock import AsyncMock, MagicMock
 
 from router.client import ClientConfig, FleetClient
 from router.fleet_state import FleetState
-from schemas import Request, RouteDecision, SamplingParams, Subjects
+from schemas import Request, RouteDecision, SamplingParams, Subjects, TokenChunk
 from tests.support.builders import fleet_state, registration
 
 
@@ -52,3 +52,17 @@ async def test_a_worker_gone_while_the_request_was_routed_is_caught_at_registrat
     client = _client(state)
     gen = await client.launch(_request("a"), routed=("s", RouteDecision("kv", "gone")))
     assert gen.pending  # interrupted at once, not at the stall timeout
+
+
+async def test_a_request_is_released_before_its_caller_sees_the_final_chunk() -> None:
+    """A client's next request (a conversation's next turn) must not be routed on a fleet that
+    still counts the previous one: the reservation and the in-flight count go first."""
+    state = fleet_state(registration("w1"))
+    client = _client(state)
+    gen = await client.launch(_request("a"), routed=("s", RouteDecision("kv", "w1")))
+    gen.stream.feed(TokenChunk("a", 0, 0, (7,), worker_id="w1"))
+    gen.stream.feed(TokenChunk("a", 0, 1, (8,), finish_reason="length", worker_id="w1"))
+    seen = []
+    async for chunk in gen:
+        seen.append((chunk.finish_reason, state.workers["w1"].in_flight, set(client.active)))
+    assert seen == [(None, 1, {"a"}), ("length", 0, set())]
