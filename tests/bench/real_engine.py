@@ -106,22 +106,34 @@ def plain_vllm(model: Path, tmp: Path) -> Iterator[System]:
 
 @contextlib.contextmanager
 def jetfleet(
-    model: Path, tmp: Path, workers: int, router: str, up_args: tuple[str, ...] = ()
+    model: Path,
+    tmp: Path,
+    workers: int,
+    router: str,
+    up_args: tuple[str, ...] = (),
+    env: tuple[str, ...] = (),
 ) -> Iterator[System]:
     """``jetfleet up --engine vllm`` as a user starts it (KV space and threads: its defaults,
-    unless ``up_args`` say otherwise)."""
+    unless ``up_args`` say otherwise; ``env``: KEY=VALUE its processes inherit)."""
     tmp.mkdir(parents=True, exist_ok=True)
     extra = ("--engine", "vllm", "--model", str(model), "--router", router, *ENGINE_ARGS, *up_args)
+    added = dict(item.split("=", 1) for item in env)
     if DEBUG_LOG:
-        os.environ["VLLM_LOGGING_LEVEL"] = "DEBUG"  # up's processes inherit it
+        added["VLLM_LOGGING_LEVEL"] = "DEBUG"
+    before = {k: os.environ.get(k) for k in added}
+    os.environ.update(added)  # up's processes inherit them
     try:
         with running_up(tmp, workers, *extra, start_timeout_s=900) as up:
             name = "jetfleet" if router == "kv" else f"jetfleet-{router}"
-            name += "".join(up_args).replace("--", " ") if up_args else ""
+            name += "".join((*up_args, *(f" {e}" for e in env))).replace("--", " ")
             logs = sorted((tmp / "state" / "logs").glob("worker*.log"))
             yield System(name, up.base_url, {"up": up.proc.pid}, logs)  # servers, fleet, vLLM
     finally:
-        os.environ.pop("VLLM_LOGGING_LEVEL", None)
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -306,14 +318,16 @@ def said_settings(system: System, bench: str) -> None:
     print(json.dumps({"bench": f"{bench}-settings", "system": system.name, **system.settings()}))
 
 
-def overhead(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str]) -> None:
+def overhead(
+    model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
+) -> None:
     starts: list[Start] = [
         lambda: plain_vllm(model, tmp),
         lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv"),
     ]
-    if up_args:  # the same fleet with other flags, beside its defaults
-        variant = tuple(up_args)
-        starts.append(lambda: jetfleet(model, tmp / f"up2-{seed}", 1, "kv", variant))
+    if up_args or env:  # the same fleet with other flags or environment, beside its defaults
+        variant, variant_env = tuple(up_args), tuple(env)
+        starts.append(lambda: jetfleet(model, tmp / f"up2-{seed}", 1, "kv", variant, variant_env))
     if with_dynamo():
         starts.append(lambda: dynamo(model, tmp, 1))
     for start in starts:
@@ -325,7 +339,9 @@ def overhead(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str])
                 print(json.dumps({"bench": "overhead", **row}), flush=True)
 
 
-def routing(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str]) -> None:
+def routing(
+    model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
+) -> None:
     starts: list[Start] = [
         lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv"),
         lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin"),
@@ -339,7 +355,9 @@ def routing(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str]) 
             print(json.dumps({"bench": "routing", **row}), flush=True)
 
 
-def settings(model: Path, tmp: Path, seed: int, words: Path, up_args: list[str]) -> None:
+def settings(
+    model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
+) -> None:
     """Each system once, with vLLM's debug log: the settings its engine reports."""
     global DEBUG_LOG
     DEBUG_LOG = True
@@ -385,6 +403,10 @@ def main() -> None:
         " --variant=1)",
     )  # fmt: skip
     ap.add_argument(
+        "--variant-env", action="append", default=[], metavar="KEY=VALUE",
+        help="overhead: also run jetfleet with this in its processes' environment (repeat)",
+    )  # fmt: skip
+    ap.add_argument(
         "--model", choices=["smollm2", "tiny-llama"], default="smollm2",
         help="smollm2: a real model; tiny-llama: 2 layers, where the fleet's own cost shows",
     )  # fmt: skip
@@ -400,7 +422,9 @@ def main() -> None:
         words = one_token_words(model, Path(tmp) / "words.txt")
         sittings = 1 if args.bench == "settings" else args.sittings
         for sitting in range(sittings):
-            BENCHES[args.bench](model, Path(tmp), 100 + sitting, words, args.variant)
+            BENCHES[args.bench](
+                model, Path(tmp), 100 + sitting, words, args.variant, args.variant_env
+            )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ CFG = VllmEngineConfig(model="/m")
             CFG,
             {},
             {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-             "OMP_NUM_THREADS": "4", "OMP_WAIT_POLICY": "PASSIVE"},
+             "OMP_NUM_THREADS": "4"},
         ),
         (  # the operator's environment stays
             CFG,
@@ -38,7 +38,7 @@ CFG = VllmEngineConfig(model="/m")
             VllmEngineConfig(model="/m", cpu_kv_cache_gib=3, cpu_threads=1),
             {"VLLM_CPU_KVCACHE_SPACE": "8", "OMP_NUM_THREADS": "2"},
             {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-             "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"},
+             "OMP_NUM_THREADS": "1"},
         ),
     ],
 )  # fmt: skip

@@ -17,9 +17,11 @@ on a laptop:
   from an OpenMP thread its partner waits for) from 4 cores on. Below that a real model needs
   the core more than the fleet does (measured: docs/benchmarks.md, "Measurements behind design
   choices");
-- ``OMP_WAIT_POLICY``: ``PASSIVE``. OpenMP threads spin at each barrier by default; in a fleet
-  they share the cores with the worker, the frontend, NATS and Redis, and a spinning thread whose
-  partner was descheduled burns its core while the step stalls (measured: same section).
+- ``OMP_WAIT_POLICY``: not set (OpenMP's own default, as vLLM's server and Dynamo's worker run:
+  a thread spins briefly at a barrier, then sleeps). ``PASSIVE`` (sleep at once), which this
+  worker set until 2026-11-28, cost a real model two fifths of its speed at concurrency 1: each
+  of a step's hundreds of parallel regions then pays a wake-up (measured: same section). An
+  ``OMP_WAIT_POLICY`` in the environment is kept.
 
 And the model's dtype (``cpu_dtype``): vLLM's ``auto`` picks bfloat16 on a CPU, whose kernels need
 native bf16 (AVX512-BF16 or AMX on x86, BF16 on Arm); without it vLLM falls back to slow paths
@@ -79,8 +81,6 @@ def cpu_environment(
         want["VLLM_CPU_KVCACHE_SPACE"] = str(DEFAULT_KV_CACHE_GIB)
     if "VLLM_CPU_OMP_THREADS_BIND" not in environ:
         want["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    if "OMP_WAIT_POLICY" not in environ:
-        want["OMP_WAIT_POLICY"] = "PASSIVE"
     if cfg.cpu_threads is not None:
         want["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
     elif "OMP_NUM_THREADS" not in environ:
