@@ -149,6 +149,7 @@ def test_indexer_throughput_bench():
     assert d["block_events"] >= 5000 and d["block_events_per_s"] > 0
 
 
+@pytest.mark.timeout(600)  # ~40 s alone; its cells' own deadlines bound it when CI is loaded
 def test_index_scale_bench():
     d = run_bench(
         "index_scale", "--configs", "single,cluster", "--workers", "8",
