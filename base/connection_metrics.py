@@ -14,10 +14,11 @@ the live processes is served (``livemin``): one process cut off is a frontend cu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
+
+from base.sampling import start_sampling
 
 
 class _Nats(Protocol):
@@ -65,12 +66,6 @@ class ConnectionGauges:
         else:
             self.redis_up.set(1)
 
-    async def run(self) -> None:
-        """Sample every ``every_s`` until cancelled."""
-        while True:
-            with contextlib.suppress(Exception):
-                await self.sample()
-            await asyncio.sleep(self.every_s)
-
     def start(self) -> asyncio.Task[None]:
-        return asyncio.create_task(self.run(), name="connection-gauges")
+        """Sample every ``every_s`` until the task is cancelled."""
+        return start_sampling(self.sample, self.every_s, "connection-gauges")

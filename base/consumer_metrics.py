@@ -11,10 +11,11 @@ the connection gauges say NATS is away.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
+
+from base.sampling import start_sampling
 
 
 class ConsumerPending:
@@ -37,12 +38,6 @@ class ConsumerPending:
         info = await self.js.consumer_info(self.stream, self.durable)
         self.pending.set(info.num_pending or 0)
 
-    async def run(self) -> None:
-        """Sample every ``every_s`` until cancelled."""
-        while True:
-            with contextlib.suppress(Exception):
-                await self.sample()
-            await asyncio.sleep(self.every_s)
-
     def start(self) -> asyncio.Task[None]:
-        return asyncio.create_task(self.run(), name=f"pending-{self.durable}")
+        """Sample every ``every_s`` until the task is cancelled."""
+        return start_sampling(self.sample, self.every_s, f"pending-{self.durable}")

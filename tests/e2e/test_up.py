@@ -98,7 +98,7 @@ def _every_process_is_observable(out: Path, nats_url: str, port: int) -> None:
             with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
                 assert json.loads(r.read())["status"] == "ok"
     # Prometheus discovery through the frontend: the workers and every other operations port
-    services = {f"http://127.0.0.1:{port}"} ^ set(urls)
+    services = set(urls) - {f"http://127.0.0.1:{port}"}
 
     def discovered() -> list[dict[str, Any]] | None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/discovery/prometheus") as r:
