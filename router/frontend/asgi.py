@@ -104,13 +104,23 @@ async def end_sse(send: Send, data: bytes = b"") -> None:
     await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
+RECANCEL_S = 0.05  # a disconnected client's handler is cancelled again this often until it ends
+
+
 class DisconnectWatcher:
-    """Cancels the handler task when the client disconnects before the response is complete."""
+    """Cancels the handler task when the client disconnects before the response is complete.
+
+    It cancels again every ``RECANCEL_S`` until the handler leaves the ``async with``: on Python
+    3.11 ``asyncio.wait_for`` swallows a cancellation that lands in the loop iteration its
+    future completes in (fixed in 3.12), and nats-py awaits every request (a JetStream publish
+    ack) through it, so one cancel can be lost and the generation would run on for nobody. The
+    extra cancels are taken back when the block ends, so the handler uncancels once as usual."""
 
     def __init__(self, receive: Receive) -> None:
         self._receive = receive
         self._target = asyncio.current_task()
         self.disconnected = False
+        self._cancels = 0
         self._task = asyncio.create_task(self._watch())
 
     async def _watch(self) -> None:
@@ -118,9 +128,12 @@ class DisconnectWatcher:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 self.disconnected = True
-                if self._target is not None:
-                    self._target.cancel()
-                return
+                break
+        target = self._target
+        while target is not None and not target.done():  # until close(): the block was left
+            self._cancels += 1
+            target.cancel()
+            await asyncio.sleep(RECANCEL_S)
 
     def close(self) -> None:
         self._task.cancel()
@@ -132,3 +145,6 @@ class DisconnectWatcher:
         self.close()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+        if self._target is not None:
+            for _ in range(self._cancels - 1):  # one cancellation is the handler's to settle
+                self._target.uncancel()

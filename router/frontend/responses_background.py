@@ -58,16 +58,20 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def _never() -> dict[str, Any]:
-    """A background call's ``receive``: no client, so no disconnect."""
-    await asyncio.Event().wait()
-    raise AssertionError("unreachable")
+def background_call(
+    send: asgi.Send, request_id: str, max_body_mb: float, stop: asyncio.Event
+) -> asgi.Call:
+    """The ASGI call a background response runs as: no client, so its ``receive`` says the
+    client left once ``stop`` is set (a cancel): the generation's disconnect watcher stops it
+    as it stops one whose client went away, and sends the cancel again should one be lost."""
 
+    async def receive() -> dict[str, Any]:
+        await stop.wait()
+        return {"type": "http.disconnect"}
 
-def background_call(send: asgi.Send, request_id: str, max_body_mb: float) -> asgi.Call:
     scope: asgi.Scope = {"type": "http", "path": "/v1/responses", "method": "POST", "headers": []}
     ctx: dict[str, Any] = {"request_id": request_id, "background": True}
-    return asgi.Call(scope, _never, send, ctx, "", time.monotonic(), max_body_mb)
+    return asgi.Call(scope, receive, send, ctx, "", time.monotonic(), max_body_mb)
 
 
 @dataclass
@@ -137,6 +141,7 @@ class _Running:
     call: asgi.Call
     revision: int
     lease: Lease
+    stop: asyncio.Event  # set by a cancel: the call's client "leaves"
     cancelled: bool = False
     handing_over: bool = False
 
@@ -198,9 +203,10 @@ class BackgroundRunner:
         else:
             revision = lease_revision
         sink = EventSink(self.store, response_id, skip_through)
-        call = background_call(sink, engine_request_id.split("-", 1)[-1], self.max_body_mb)
+        stop = asyncio.Event()
+        call = background_call(sink, engine_request_id.split("-", 1)[-1], self.max_body_mb, stop)
         task = asyncio.create_task(self._run(response_id, call, sink, work))
-        self.running[response_id] = _Running(task, call, revision, lease)
+        self.running[response_id] = _Running(task, call, revision, lease, stop)
 
     async def _run(
         self,
@@ -251,7 +257,8 @@ class BackgroundRunner:
         run = self.running.get(response_id)
         if run is not None and not run.task.done():
             run.cancelled = True
-            run.task.cancel()
+            run.stop.set()  # a generation under way: its disconnect watcher stops it
+            run.task.cancel()  # one not begun yet (or begun: the watcher's cancels make sure)
 
     # ---- leases
     def _until(self) -> int:
