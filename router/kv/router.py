@@ -12,13 +12,14 @@ blocks (up to ``max_holders``, found by the index); each with
 
 So a route costs the same with 16 workers and with 1,024, and the decision an observation
 carries holds the ``OBSERVED_CANDIDATES`` best, not the fleet. The lowest cost wins (ties at
-random; with ``temperature > 0`` a softmax sample over
-``-cost / temperature``); the rule itself is ``router/kv/routing.py: route_cost``, which the Lua
-``route`` script mirrors. ``active_*`` is the larger of the reservations every router holds on the
-worker (Redis, visible to all frontends) and the worker's own last ``WorkerLoad`` report
-(``active_prefill_tokens / block_size``, ``active_decode_blocks``). The winner's predicted load is
-reserved in the same step; the prefill part is released at the first token, the rest when the
-request ends, and a reservation whose router died expires after ``reservation_ttl_s``.
+random; with ``temperature > 0`` a softmax sample over ``-cost / temperature`` among the
+candidates within ``SOFTMAX_CUTOFF`` temperatures of the best); the rule itself is
+``router/kv/routing.py: route_cost``, which the Lua ``route`` script mirrors. ``active_*`` is
+the larger of the reservations every router holds on the worker (Redis, visible to all
+frontends) and the worker's own last ``WorkerLoad`` report (``active_prefill_tokens /
+block_size``, ``active_decode_blocks``). The winner's predicted load is reserved in the same step;
+the prefill part is released at the first token, the rest when the request ends, and a
+reservation whose router died expires after ``reservation_ttl_s``.
 
 Settings: ``prefill_weight`` (default 8: a block that must be prefilled costs 8 times a block
 held for decode; a cache miss costs a whole prefill and evicts other prefixes, an extra request

@@ -135,18 +135,27 @@ def route_cost(
     return prefill_weight * need + active_decode_blocks + new_blocks
 
 
+SOFTMAX_CUTOFF = 4.0
+"""With a temperature, a candidate costing more than this many temperatures above the best is
+not drawn (its softmax weight would be under e^-4, 1.8%): near-equal candidates share the load,
+and a clear loser (a worker that must prefill five blocks another holds, at the default
+temperature of 8 blocks: e^-5) is never sent one request in a hundred and fifty for nothing.
+The Lua ``route`` script holds the same constant."""
+
+
 def pick(costs: Sequence[float], temperature: float, rand: float) -> int:
     """Index of the winner (same rule as the Lua script)."""
     best = min(costs)
     if temperature > 0:
-        weights = [math.exp(-(c - best) / temperature) for c in costs]
+        cut = SOFTMAX_CUTOFF * temperature
+        weights = [math.exp(-(c - best) / temperature) if c - best <= cut else 0.0 for c in costs]
         target = rand * sum(weights)
         acc = 0.0
         for i, w in enumerate(weights):
             acc += w
             if target < acc:
                 return i
-        return len(costs) - 1
+        return max(i for i, w in enumerate(weights) if w > 0)  # rand at its top end
     ties = [i for i, c in enumerate(costs) if c == best]
     return ties[min(len(ties) - 1, int(rand * len(ties)))]
 

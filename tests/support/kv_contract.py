@@ -201,6 +201,12 @@ class IndexContract:
             picks.add(out.winner)
         assert picks == {"a", "b"}
 
+    async def test_a_clear_loser_is_never_drawn(self, index):
+        p = pool("a", "b", a=(0.0, 5.0))  # a costs 5 more: 5 temperatures of 1
+        for rand in (0.0, 0.5, 0.9999):
+            out = await index.route(call("", (1,), 1, p, temperature=1.0, rand=rand, now_ms=1))
+            assert out.winner == "b"
+
     async def test_gaps_are_only_skipped_event_ids(self, index):
         f = Feeder(index)
         first = await f.send("a", BlockStored((1,), None, tuple(tokens(4)), BS), event_id=7)

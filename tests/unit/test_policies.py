@@ -144,6 +144,9 @@ def test_kv_names_are_refused_here_with_where_to_go() -> None:
         ([0.0, 0.8], 0.5, 0.84, 1),
         ([0.0, 0.0, 0.0], 1.0, 1 / 3, 1),  # exactly at a boundary: the next one
         ([0.0, 0.0], 1.0, 1.0, 1),  # rand 1.0: the last, never past it
+        ([0.0, 40.0], 8.0, 0.999, 0),  # 5 temperatures worse (e^-5, 0.67%): never drawn
+        ([0.0, 32.0], 8.0, 0.99, 1),  # 4 temperatures: still drawn (e^-4, 1.8%)
+        ([40.0, 0.0, 4.0], 8.0, 1.0, 2),  # rand 1.0: the last one drawable
     ],
 )
 def test_pick_follows_the_softmax_over_costs(

@@ -153,12 +153,15 @@ if n_cand == 0 then return cmsgpack.pack({0, version, {}, {}, {}, {}}) end
 local winner
 if temp > 0 then
   local total, weights = 0, {}
+  local cut = 4 * temp  -- router.kv.routing.SOFTMAX_CUTOFF temperatures: clear losers not drawn
   for c = 1, n_cand do
-    weights[c] = math.exp(-(costs[c] - best) / temp)
+    local gap = costs[c] - best
+    weights[c] = gap <= cut and math.exp(-gap / temp) or 0
     total = total + weights[c]
   end
   local acc, target = 0, rnd * total
   winner = n_cand
+  while weights[winner] == 0 do winner = winner - 1 end  -- rand at its top end
   for c = 1, n_cand do
     acc = acc + weights[c]
     if target < acc then winner = c break end
