@@ -57,12 +57,16 @@ def load_trace(
     block_tokens: int = BLOCK_TOKENS,
     max_prompt_tokens: int | None = None,
     max_output_tokens: int | None = None,
+    keep_one_in: int = 1,
 ) -> list[TraceRequest]:
     """The trace's requests from ``start_s`` to ``start_s + seconds`` (times from the slice's
     start, divided by ``speed``). ``block_tokens`` below the trace's 512 scales the whole shape
     down (a model of short context): each block is that many words, and the input and output
     lengths shrink by the same factor (at least one token), so requests still share the same
-    blocks; ``max_*`` cut what is still too long (a prompt keeps its leading blocks)."""
+    blocks; ``max_*`` cut what is still too long (a prompt keeps its leading blocks).
+    ``keep_one_in`` N > 1 keeps one conversation in N, every turn of it (a conversation is known
+    by its second block: the first opens every request of Mooncake's conversation trace), so a
+    long slice arrives at a rate a small machine serves with its reuse between turns intact."""
     scale = block_tokens / BLOCK_TOKENS
     blocks: dict[int, list[str]] = {}
 
@@ -80,13 +84,16 @@ def load_trace(
             continue
         if at_s > seconds:
             break
+        hashes = row["hash_ids"]
+        if keep_one_in > 1 and hashes[min(1, len(hashes) - 1)] % keep_one_in:
+            continue
         n_in = max(1, round(row["input_length"] * scale))
         if max_prompt_tokens is not None:
             n_in = min(n_in, max_prompt_tokens)
         n_out = max(1, round(row["output_length"] * scale))
         if max_output_tokens is not None:
             n_out = min(n_out, max_output_tokens)
-        tokens = [w for h in row["hash_ids"] for w in block(h)][:n_in]
+        tokens = [w for h in hashes for w in block(h)][:n_in]
         out.append(TraceRequest(at_s / speed, " ".join(tokens), n_out))
     return out
 

@@ -41,3 +41,18 @@ def test_scaled_to_blocks_of_32_the_shared_blocks_stay_shared(tmp_path: Path) ->
 def test_a_later_slice(tmp_path: Path) -> None:
     reqs = load_trace(_trace(tmp_path), 5, WORDS, 1.0, start_s=1.5, max_output_tokens=3)
     assert [(r.at_s, r.output_tokens) for r in reqs] == [(0.5, 3)]
+
+
+def test_one_conversation_in_n_keeps_all_its_turns(tmp_path: Path) -> None:
+    turns = [(0, [0, 6, 7]), (1000, [0, 5]), (3000, [0, 6, 7, 8]), (4000, [0, 9])]
+    path = tmp_path / "turns.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "input_length": 512 * len(h), "output_length": 1,
+                        "hash_ids": h}) + "\n"
+            for t, h in turns
+        )
+    )  # fmt: skip
+    reqs = load_trace(path, 60, WORDS, 1.0, keep_one_in=3)
+    assert [r.at_s for r in reqs] == [0.0, 3.0, 4.0]  # both turns of block 6's, and block 9's
+    assert reqs[1].prompt.startswith(reqs[0].prompt)
