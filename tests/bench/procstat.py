@@ -61,3 +61,40 @@ class CpuMeter:
         now = {n: tree_cpu_seconds(p) for n, p in self.pids.items()}
         now["load_client"] = self_cpu_seconds()
         return {n: round(now[n] - self._start.get(n, 0.0), 3) for n in now}
+
+
+def label(pid: int) -> str:
+    """A process's name for a report: its command name, and for a Python process the module or
+    ``jetfleet`` subcommand it runs (``jetfleet worker``, ``VLLM::EngineCore``)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        return "?"
+    if not argv or "python" not in os.path.basename(argv[0]):
+        return comm if not argv else os.path.basename(argv[0]).split()[0]
+    rest = argv[1:]
+    if rest[:1] == ["-m"] and len(rest) > 1:
+        module = rest[1]
+        return f"{module} {rest[2]}" if module == "infra.cli" and len(rest) > 2 else module
+    if rest and rest[0].endswith("jetfleet"):
+        return f"jetfleet {rest[1]}" if len(rest) > 1 else "jetfleet"
+    return comm  # vLLM's engine processes name themselves (VLLM::EngineCore, VLLM::Worker)
+
+
+def tree_by_process(pid: int) -> dict[int, tuple[str, float]]:
+    """Each live process of ``pid``'s tree: (its label, its CPU seconds)."""
+    return {p: (label(p), cpu_seconds(p)) for p in tree(pid)}
+
+
+def breakdown(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds between two ``tree_by_process`` readings, summed by label (processes that
+    started between them count from 0), largest first."""
+    out: dict[str, float] = {}
+    for p, (name, cpu) in after.items():
+        out[name] = out.get(name, 0.0) + cpu - before.get(p, (name, 0.0))[1]
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}

@@ -22,8 +22,8 @@ over every process of the system. ``routing``: two engines, 8 shared 300-word sy
 20 fresh words each, concurrency 4: jetfleet's KV router, jetfleet round-robin and Dynamo's KV
 router, with the prompt tokens vLLM served from its prefix cache (its own count, in ``usage``).
 ``trace``: two engines, a slice of a Mooncake trace scaled to SmolLM2 (``TraceSlice``) replayed
-open loop (``trace_replay.py``): jetfleet's KV router and Dynamo's, TTFT p50/p90/p99, ITL, req/s
-and the cached share.
+open loop (``trace_replay.py``): jetfleet's KV router and Dynamo's, TTFT p50/p90/p99, ITL, req/s,
+the cached share and the CPU seconds of each kind of process.
 Sittings interleave the systems (each sitting runs every system once). ``settings``: each system
 started once with vLLM's debug log, and the engine settings each engine reports
 (``engine_settings.py``), with those that differ. Every JSON line names the vLLM release its
@@ -50,6 +50,7 @@ from typing import Any
 from base.ports import free_port
 from tests.bench import release_envs
 from tests.bench.engine_settings import differences, engine_settings
+from tests.bench.procstat import breakdown, tree_by_process
 from tests.support.up import running_up
 
 MODEL_NAME = "SmolLM2-135M-Instruct"  # set by main from --model
@@ -407,11 +408,17 @@ def trace(
         with start() as system:
             said_settings(system, "trace")
             load(system, OVERHEAD, 1, 4, seed, words)  # the first seconds after a start run slow
+            before = _processes(system)
             row = measure(system.url, MODEL_NAME, requests, system.pids)
+            row["cpu_s_by_process"] = breakdown(before, _processes(system))
             ok = len(requests) - int(row["errors"])
             row["req_per_s"] = round(ok / float(row["wall_s"]), 3)
             version = system.settings().get("vllm_version", _vllm_version())
             print(json.dumps({**head, "system": system.name, "vllm_version": version, **row}))
+
+
+def _processes(system: System) -> dict[int, tuple[str, float]]:
+    return {p: v for pid in system.pids.values() for p, v in tree_by_process(pid).items()}
 
 
 def settings(
