@@ -13,12 +13,14 @@ nanoseconds), ``"file"``/``"memory"`` -> ``StorageType``.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from nats.js import JetStreamContext, api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
 
 from schemas.streams import (
     BucketSpec,
@@ -38,8 +40,34 @@ OBJ_STREAM = "OBJ_{}"  # ... and behind an object store
 _KV_MAX_DUPLICATE_WINDOW_S = 120.0  # nats-py's default; capped at the bucket TTL
 
 
-class TopologyConflictError(RuntimeError):
+class TopologyError(RuntimeError):
+    """The fleet's streams cannot be made as it needs them: one clear line for an operator."""
+
+
+class TopologyConflictError(TopologyError):
     """An existing stream differs in a setting JetStream cannot update (e.g. storage)."""
+
+
+class NoStorageError(TopologyError):
+    """JetStream has no room left for a stream (a full disk, or the server's store limit)."""
+
+
+NO_ROOM = (10047, 10028)  # JetStream: "insufficient storage / memory resources available"
+
+
+@contextlib.contextmanager
+def _room_for(name: str) -> Iterator[None]:
+    """JetStream's refusal for want of storage, as a ``NoStorageError`` naming the stream."""
+    try:
+        yield
+    except ServerError as exc:
+        if exc.err_code not in NO_ROOM:
+            raise
+        raise NoStorageError(
+            f"JetStream has no room left for {name} ({exc.description}): free disk space "
+            "where nats-server keeps its store, or raise its jetstream max_file_store / "
+            "max_memory_store"
+        ) from None
 
 
 @dataclass
@@ -168,7 +196,8 @@ async def ensure_stream(
     info = await _stream_info_or_none(js, spec.name)
     if info is None:
         try:
-            await js.add_stream(want)
+            with _room_for(f"stream {spec.name}"):
+                await js.add_stream(want)
             report.created.append(spec.name)
             log.info("stream_created", stream=spec.name, subjects=list(spec.subjects))
             return
@@ -184,7 +213,8 @@ async def ensure_stream(
     if not diff:
         report.unchanged.append(spec.name)
         return
-    await js.update_stream(want)
+    with _room_for(f"stream {spec.name}"):
+        await js.update_stream(want)
     report.updated.append(spec.name)
     log.info("stream_updated", stream=spec.name, fields=diff)
 
@@ -198,17 +228,18 @@ async def ensure_bucket(
     if info is not None and keep_replicas:
         wanted["num_replicas"] = info.config.num_replicas
     if info is None:
-        await js.create_key_value(
-            api.KeyValueConfig(
-                bucket=spec.name,
-                description=spec.description,
-                history=spec.history,
-                ttl=wanted["max_age"] or None,
-                storage=_storage(spec.storage),
-                replicas=spec.replicas,
-                direct=True,
-            )
-        )  # identical concurrent creates both succeed
+        with _room_for(f"bucket {spec.name}"):
+            await js.create_key_value(
+                api.KeyValueConfig(
+                    bucket=spec.name,
+                    description=spec.description,
+                    history=spec.history,
+                    ttl=wanted["max_age"] or None,
+                    storage=_storage(spec.storage),
+                    replicas=spec.replicas,
+                    direct=True,
+                )
+            )  # identical concurrent creates both succeed
         report.created.append(key)
         log.info("bucket_created", bucket=spec.name)
         return
@@ -230,7 +261,8 @@ async def _update_backing_stream(
     if not diff:
         report.unchanged.append(key)
         return
-    await js.update_stream(info.config.evolve(**wanted))
+    with _room_for(key):
+        await js.update_stream(info.config.evolve(**wanted))
     report.updated.append(key)
     log.info("backing_stream_updated", item=key, fields=diff)
 
@@ -244,14 +276,15 @@ async def ensure_object_store(
     if info is not None and keep_replicas:
         wanted["num_replicas"] = info.config.num_replicas
     if info is None:
-        await js.create_object_store(
-            spec.name,
-            api.ObjectStoreConfig(
-                description=spec.description,
-                storage=_storage(spec.storage),
-                replicas=spec.replicas,
-            ),
-        )
+        with _room_for(f"object store {spec.name}"):
+            await js.create_object_store(
+                spec.name,
+                api.ObjectStoreConfig(
+                    description=spec.description,
+                    storage=_storage(spec.storage),
+                    replicas=spec.replicas,
+                ),
+            )
         report.created.append(key)
         log.info("object_store_created", store=spec.name)
         return

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.log_format)
     ensure_engine_model(args, lambda line: print(f"jetfleet: {line}", flush=True))
     subjects = Subjects(args.subject_prefix)
+    from base.topology import TopologyError
     from base.tracing import TracingUnavailableError
     from infra.tools import NoFleetError
 
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)
                 return 1
             except TracingUnavailableError as exc:  # configured, not installed
+                print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)
+                return 2
+            except TopologyError as exc:  # no room for the streams, or one made otherwise
                 print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)
                 return 2
     print(f"jetfleet: unknown command {args.cmd}", file=sys.stderr)

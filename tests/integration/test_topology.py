@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from nats.js import JetStreamContext
@@ -19,6 +21,8 @@ from base.topology import (
     ensure_stream,
     ensure_topology,
 )
+from infra.command import cli_command
+from infra.embedded import EmbeddedNats
 from schemas import Subjects
 from schemas.streams import MAX_REQUEST_CONSUMERS, ConsumerSpec, fleet_topology, pool_consumer
 
@@ -186,3 +190,28 @@ async def test_the_responses_retention_is_the_operators(
     for name in names:
         cfg = (await js.stream_info(name)).config
         assert (cfg.max_age, cfg.max_bytes) == (timedelta(days=7).total_seconds(), 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("memory", "disk", "said"),
+    [(1 << 20, 1 << 40, "insufficient memory"), (1 << 40, 1 << 20, "insufficient storage")],
+)
+def test_a_server_without_room_for_the_streams_is_one_clear_line(
+    tmp_path: Path, memory: int, disk: int, said: str
+) -> None:
+    """A full disk (or a store limit too small for the fleet's reservations): the command that
+    makes the streams says which and what to do, in one line, not nats-py's traceback."""
+    server = EmbeddedNats(tmp_path / "nats", port=0, max_memory_store=memory, max_file_store=disk)
+    server.start()
+    try:
+        out = subprocess.run(
+            cli_command("infra", "init", "--nats", server.url),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        server.stop()
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    last = out.stderr.strip().splitlines()[-1]  # after the log lines of the streams it made
+    assert last.startswith("jetfleet infra: JetStream has no room left for stream "), last
+    assert said in last
