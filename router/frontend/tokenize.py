@@ -15,7 +15,11 @@ against fresh tokenizing on probe conversations when the model is first used; a 
 fails the check is served without it (logged).
 
 A prompt far longer than the context is refused after tokenizing only a prefix long enough to
-prove it (``context + 1`` tokens of at most ``_MAX_CHARS_PER_TOKEN`` characters).
+prove it (``context + 1`` tokens of at most ``_MAX_CHARS_PER_TOKEN`` characters). Only a text
+longer than ``_PROBE_CHARS_PER_TOKEN`` characters a context token is probed so: a prompt near the
+context (a 120k-word prompt on a 128k model is ~1 MB) is tokenized once, not probed and then
+tokenized again (the probe was most of a second copy: +250 ms TTFT at 120k tokens), and one
+a little too long gets the exact count in its error.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from model.tokenizer import ModelTokenizer
 log = structlog.get_logger("jetfleet.frontend")
 
 _MAX_CHARS_PER_TOKEN = 8  # a prefix this many chars per token proves "too long" cheaply
+_PROBE_CHARS_PER_TOKEN = 16  # probe only texts longer than this many chars per context token
 _PROBE = [
     "You are a helpful assistant. Réponds en français — naïve café.",
     "Summarise this:  the   quick brown fox\n\njumps over 12,345 lazy dogs; 日本語のテキスト 🎉",
@@ -294,9 +299,9 @@ class PromptTokenizer:
 
     @staticmethod
     def _check_length(job: _Job, text: str) -> None:
+        if len(text) <= (job.context_length + 1) * _PROBE_CHARS_PER_TOKEN:
+            return  # tokenized once; the caller checks the count
         cut = (job.context_length + 1) * _MAX_CHARS_PER_TOKEN
-        if len(text) <= cut:
-            return
         head = job.tokenizer.encode_batch([text[:cut]])[0]
         if len(head) > job.context_length + 16:  # a cut mid-word changes a few tokens at most
             raise PromptTooLong(len(head) - 16)

@@ -99,6 +99,15 @@ async def test_a_far_too_long_prompt_is_refused_from_a_prefix(service) -> None:
     assert max(tok.calls) <= (4096 + 1) * 8  # never the whole 5 MB
 
 
+async def test_a_prompt_near_the_context_is_tokenized_once(service) -> None:
+    svc, _ = service
+    tok = CountingTokenizer()
+    text = "word " * 8_000  # 40 kB: past 8 chars a token of a 4096 context, below 16
+    tokens = await svc.tokenize("m", tok, lambda: text, 4096, len(text))
+    assert tokens == tok.encode(text)  # the caller refuses it with the exact count
+    assert [n for n in tok.calls if n > 1000] == [len(text)]  # no probe of a prefix first
+
+
 async def test_a_failing_render_fails_only_its_own_request(service) -> None:
     svc, _ = service
     tok = CountingTokenizer()
