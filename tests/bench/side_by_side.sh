@@ -22,7 +22,9 @@
 # trace: 4 mockers at speedup 1, tests/bench/trace_replay.py (a production trace replayed open
 #        loop at its own arrival times, long raw prompts sharing prefixes) against Dynamo (--url)
 #        and jetfleet; TRACE=path to Mooncake's conversation_trace.jsonl (see docs/benchmarks.md),
-#        SECONDS_OF_TRACE=the trace's first seconds (150).
+#        SECONDS_OF_TRACE=seconds of the trace (150) from SLICE_START (0), prompts cut to
+#        MAX_PROMPT tokens (126976: the long model's 131072 context less the longest output);
+#        DUMP_DIR=a directory for one JSON line a request (dynamo-N.jsonl, jetfleet-N.jsonl).
 # Needs the anchor installed ($ANCHOR_DIR/install.sh, make_model.py). Prints one JSON line a run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -127,12 +129,14 @@ elif [ "$MODE" = trace ]; then
     python3 -c "import json,sys; d=json.loads([l for l in sys.stdin if l.startswith('{')][-1]); d['system']=sys.argv[1]; print(json.dumps(d))" "$1"
   }
   replay=("$PY" -m tests.bench.trace_replay --trace "${TRACE:?TRACE=conversation_trace.jsonl}"
-    --seconds "${SECONDS_OF_TRACE:-150}" --words "$LONG/words.txt" --model anchor-model)
-  for _ in $(seq 1 "$REPS"); do
+    --seconds "${SECONDS_OF_TRACE:-150}" --start "${SLICE_START:-0}"
+    --max-prompt-tokens "${MAX_PROMPT:-126976}" --words "$LONG/words.txt" --model anchor-model)
+  for rep in $(seq 1 "$REPS"); do
+    dump() { [ -n "${DUMP_DIR:-}" ] && echo "--dump $DUMP_DIR/$1-$rep.jsonl"; true; }
     dynamo_up 4 1 "$LONG"
-    "${replay[@]}" --url http://127.0.0.1:8000 $(printf -- '--pid %s ' "${DYN[@]}") 2>/dev/null | summary dynamo
+    "${replay[@]}" --url http://127.0.0.1:8000 $(printf -- '--pid %s ' "${DYN[@]}") $(dump dynamo) 2>/dev/null | summary dynamo
     dynamo_down
-    "${replay[@]}" --model-dir "$LONG" 2>/dev/null | summary jetfleet
+    "${replay[@]}" --model-dir "$LONG" $(dump jetfleet) 2>/dev/null | summary jetfleet
   done
 else
   long_model

@@ -133,12 +133,18 @@ async def replay(url: str, model: str, requests: list[TraceRequest]) -> LevelRes
 
 
 def measure(
-    url: str, model: str, requests: list[TraceRequest], pids: dict[str, int]
+    url: str,
+    model: str,
+    requests: list[TraceRequest],
+    pids: dict[str, int],
+    dump: Path | None = None,
 ) -> dict[str, Any]:
     meter = CpuMeter(pids)
     meter.start()
     level = asyncio.run(replay(url, model, requests))
     cpu = meter.stop()
+    if dump is not None:
+        write_requests(dump, requests, level)
     row: dict[str, Any] = summarize(level)
     row.pop("concurrency")
     ok = [r for r in level.results if r.ok]
@@ -154,10 +160,29 @@ def measure(
     return row
 
 
+def write_requests(path: Path, requests: list[TraceRequest], level: LevelResult) -> None:
+    """One JSON line a request, in the trace's order: when it arrived, its prompt and output
+    lengths, what the server said was cached, its TTFT and end-to-end time (to compare two
+    systems request by request: which prompts make the tail)."""
+    rows = []
+    for res in sorted(level.results, key=lambda r: r.start_index):
+        req = requests[res.start_index]
+        row = {"index": res.start_index, "at_s": round(req.at_s, 3), "ok": res.ok}
+        row |= {"prompt_tokens": res.prompt_tokens, "cached_tokens": res.cached_tokens}
+        row |= {"output_tokens": res.output_tokens, "ttft_ms": round(1000 * res.ttft_s, 2)}
+        row |= {"e2e_ms": round(1000 * res.e2e_s, 2)}
+        rows.append(json.dumps(row))
+    path.write_text("\n".join(rows) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--trace", type=Path, required=True)
-    ap.add_argument("--seconds", type=float, default=300.0, help="the trace's first seconds")
+    ap.add_argument("--seconds", type=float, default=300.0, help="seconds of the trace")
+    ap.add_argument("--start", type=float, default=0.0, help="the slice's start in the trace, s")
+    ap.add_argument(
+        "--max-prompt-tokens", type=int, default=None, help="cut longer prompts (the context)"
+    )
     ap.add_argument("--speed", type=float, default=1.0, help="arrivals this many times faster")
     ap.add_argument("--words", type=Path, required=True, help="one-token words, one per line")
     ap.add_argument("--model-dir", default=None, help="the model a private fleet serves")
@@ -168,14 +193,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", default=None, help="measure a running system at this base URL")
     ap.add_argument("--pid", action="append", default=[], help="name=PID of a process to meter")
     ap.add_argument("--label", default="jetfleet")
+    ap.add_argument("--dump", type=Path, default=None, help="write one JSON line a request here")
     args = ap.parse_args(argv)
     words = args.words.read_text().split()
-    requests = load_trace(args.trace, args.seconds, words, args.speed)
-    head = {"label": args.label, "trace": args.trace.name, "seconds": args.seconds}
+    requests = load_trace(
+        args.trace,
+        args.seconds,
+        words,
+        args.speed,
+        start_s=args.start,
+        max_prompt_tokens=args.max_prompt_tokens,
+    )
+    head = {"label": args.label, "trace": args.trace.name, "start_s": args.start}
+    head |= {"seconds": args.seconds}
     head |= {"requests_in_trace": len(requests), "speed": args.speed}
     if args.url:
         pids = dict(item.split("=", 1) for item in args.pid)
-        row = measure(args.url, args.model, requests, {k: int(v) for k, v in pids.items()})
+        pids_by_name = {k: int(v) for k, v in pids.items()}
+        row = measure(args.url, args.model, requests, pids_by_name, args.dump)
     else:
         model = args.model or Path(args.model_dir).name
         worker_args = (
@@ -188,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             router="kv",
             frontend_args=tuple(args.frontend_arg),
         ) as fleet:
-            row = measure(fleet.url, model, requests, fleet.pids)
+            row = measure(fleet.url, model, requests, fleet.pids, args.dump)
     print(json.dumps(head | row), flush=True)
     return 0
 
