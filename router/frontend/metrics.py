@@ -144,7 +144,22 @@ class FrontendMetrics:
             f"{ns}_route_decision_seconds",
             "Time spent choosing a worker",
             ["policy"],
-            buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3),
+            buckets=(
+                1e-5,
+                2.5e-5,
+                5e-5,
+                1e-4,
+                2.5e-4,
+                5e-4,
+                1e-3,
+                2.5e-3,
+                5e-3,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+            ),
             registry=registry,
         )
         self.route_overlap = Histogram(
