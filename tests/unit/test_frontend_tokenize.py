@@ -68,10 +68,19 @@ async def test_short_prompts_pass_long_ones_and_the_loop_keeps_running(service) 
     assert ticks > ticks_when_short_done + 5  # the loop ran while the long prompt was tokenized
 
 
-async def test_long_prompts_go_one_per_thread_the_shortest_first() -> None:
+@pytest.mark.parametrize(
+    ("overtake_bytes_per_s", "order"),
+    [(0.0, "shortest"), (TokenizeConfig().overtake_bytes_per_s, "shortest"), (1e15, "arrival")],
+)
+async def test_long_prompts_go_one_per_thread_the_shortest_first(
+    overtake_bytes_per_s: float, order: str
+) -> None:
     """One thread on the long lane, busy: four prompts queue behind it. Each then runs alone
-    (not as one batch whose every prompt waits for all), the smallest first."""
-    svc = PromptTokenizer(TokenizeConfig(threads=1), TokenizeMetrics(CollectorRegistry()))
+    (not as one batch whose every prompt waits for all), the smallest first: prompts queued
+    together (microseconds apart) are ordered by size at the default ageing rate; at a rate that
+    makes a microsecond outweigh any size, by arrival."""
+    cfg = TokenizeConfig(threads=1, overtake_bytes_per_s=overtake_bytes_per_s)
+    svc = PromptTokenizer(cfg, TokenizeMetrics(CollectorRegistry()))
     svc.start()
     tok = CountingTokenizer()
     try:
@@ -86,7 +95,8 @@ async def test_long_prompts_go_one_per_thread_the_shortest_first() -> None:
         await asyncio.gather(first, *queued)
     finally:
         await svc.stop()
-    assert tok.calls[-5:] == [len(busy), *sorted(sizes)]  # (after the cache's probe checks)
+    expected = sorted(sizes) if order == "shortest" else sizes
+    assert tok.calls[-5:] == [len(busy), *expected]  # (after the cache's probe checks)
 
 
 async def test_a_far_too_long_prompt_is_refused_from_a_prefix(service) -> None:
