@@ -11,7 +11,7 @@ last prompt is done, so long prompts arriving together in one batch would each w
 Shortest first, but waiting ages a prompt (``overtake_bytes_per_s``): the largest prompt of a burst
 is passed over only for as long as shorter ones take, at most its size at that rate (a 1 MB prompt:
 60 ms). Pure shortest-first put a trace's 80k+-token prompts last in every burst, 5% on their TTFT,
-which is the tail (docs/benchmarks.md, "Real traffic, open loop").
+which is the tail (docs/benchmarks.md, "Later slices and the synthetic trace").
 
 Each served model gets a ``SegmentCache`` (``model/prompt_cache.py``): a conversation that
 extends an earlier one is tokenized only past what it shares with it. The cache is checked
