@@ -316,6 +316,14 @@ ROUTING = [
 Start = Callable[[], contextlib.AbstractContextManager[System]]
 
 
+SKIP: set[str] = set()  # --skip: systems left out of this run
+
+
+def chosen(starts: dict[str, Start]) -> list[Start]:
+    """The systems to run, in order, without those ``--skip`` names."""
+    return [start for name, start in starts.items() if name not in SKIP]
+
+
 def with_dynamo() -> bool:
     """Dynamo runs when it is installed beside this vLLM (``--release`` environments have it)."""
     return importlib.util.find_spec("dynamo") is not None
@@ -328,16 +336,18 @@ def said_settings(system: System, bench: str) -> None:
 def overhead(
     model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
 ) -> None:
-    starts: list[Start] = [
-        lambda: plain_vllm(model, tmp),
-        lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv"),
-    ]
+    starts: dict[str, Start] = {
+        "vllm": lambda: plain_vllm(model, tmp),
+        "jetfleet": lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv"),
+    }
     if up_args or env:  # the same fleet with other flags or environment, beside its defaults
         variant, variant_env = tuple(up_args), tuple(env)
-        starts.append(lambda: jetfleet(model, tmp / f"up2-{seed}", 1, "kv", variant, variant_env))
+        starts["variant"] = lambda: jetfleet(
+            model, tmp / f"up2-{seed}", 1, "kv", variant, variant_env
+        )
     if with_dynamo():
-        starts.append(lambda: dynamo(model, tmp, 1))
-    for start in starts:
+        starts["dynamo"] = lambda: dynamo(model, tmp, 1)
+    for start in chosen(starts):
         with start() as system:
             said_settings(system, "overhead")
             load(system, OVERHEAD, 1, 8, seed, words)  # the first seconds after a start run slow
@@ -349,16 +359,21 @@ def overhead(
 def routing(
     model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
 ) -> None:
-    starts: list[Start] = [
-        lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv"),
-        lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin"),
-    ]
+    starts: dict[str, Start] = {"jetfleet": lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv")}
+    if up_args or env:  # the same fleet with other flags or environment, beside its defaults
+        variant, variant_env = tuple(up_args), tuple(env)
+        starts["variant"] = lambda: jetfleet(
+            model, tmp / f"kv2-{seed}", 2, "kv", variant, variant_env
+        )
+    starts["round-robin"] = lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin")
     if with_dynamo():
-        starts.append(lambda: dynamo(model, tmp, 2))
-    for start in starts:
+        starts["dynamo"] = lambda: dynamo(model, tmp, 2)
+    for start in chosen(starts):
         with start() as system:
             said_settings(system, "routing")
+            before = _processes(system)
             row = load(system, ROUTING, 4, 96, seed, words)
+            row["cpu_s_by_process"] = breakdown(before, _processes(system))
             print(json.dumps({"bench": "routing", **row}), flush=True)
 
 
@@ -396,15 +411,20 @@ def trace(
         start_s=TRACE.start_s, block_tokens=TRACE_BLOCK, max_prompt_tokens=MAX_PROMPT,
         keep_one_in=TRACE.keep_one_in,
     )  # fmt: skip
-    starts: list[Start] = [lambda: jetfleet(model, tmp / f"trace-{seed}", 2, "kv")]
+    starts: dict[str, Start] = {"jetfleet": lambda: jetfleet(model, tmp / f"trace-{seed}", 2, "kv")}
+    if up_args or env:  # the same fleet with other flags or environment, beside its defaults
+        variant, variant_env = tuple(up_args), tuple(env)
+        starts["variant"] = lambda: jetfleet(
+            model, tmp / f"trace2-{seed}", 2, "kv", variant, variant_env
+        )
     if with_dynamo():
-        starts.append(lambda: dynamo(model, tmp, 2))
+        starts["dynamo"] = lambda: dynamo(model, tmp, 2)
     head = {
         "bench": "trace", "trace": TRACE.path.name, "slice_start_s": TRACE.start_s,
         "slice_s": TRACE.seconds, "speed": TRACE.speed, "keep_one_in": TRACE.keep_one_in,
         "requests_in_slice": len(requests),
     }  # fmt: skip
-    for start in starts:
+    for start in chosen(starts):
         with start() as system:
             said_settings(system, "trace")
             load(system, OVERHEAD, 1, 4, seed, words)  # the first seconds after a start run slow
@@ -470,12 +490,18 @@ def main() -> None:
     ap.add_argument("--sittings", type=int, default=1)
     ap.add_argument(
         "--variant", action="append", default=[], metavar="UP_FLAG",
-        help="overhead: also run jetfleet with these up flags (repeat; e.g. --variant=--cpu-threads"
-        " --variant=1)",
+        help="overhead, routing, trace: also run jetfleet with these up flags (repeat; e.g."
+        " --variant=--cpu-threads --variant=1)",
     )  # fmt: skip
     ap.add_argument(
         "--variant-env", action="append", default=[], metavar="KEY=VALUE",
-        help="overhead: also run jetfleet with this in its processes' environment (repeat)",
+        help="overhead, routing, trace: also run jetfleet with this in its processes' environment"
+        " (repeat)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--skip", action="append", default=[],
+        choices=["vllm", "jetfleet", "variant", "round-robin", "dynamo"],
+        help="leave this system out (repeat)",
     )  # fmt: skip
     ap.add_argument(
         "--model", choices=["smollm2", "tiny-llama"], default="smollm2",
@@ -493,6 +519,7 @@ def main() -> None:
         help="trace: one conversation in N, every turn of it",
     )  # fmt: skip
     args = ap.parse_args()
+    SKIP.update(args.skip)
     chosen = (args.slice_start, args.slice, args.speed, args.keep_one_in)
     set_trace(TraceSlice(args.trace.resolve(), *chosen))
     if args.release:
