@@ -25,7 +25,7 @@ from infra.embedded import EmbeddedNats, EmbeddedRedis
 from infra.embedded_cluster import CLUSTER_BUS_OFFSET, ClusterNode, EmbeddedRedisCluster
 from infra.packing import worker_packs
 from schemas import Subjects
-from workers.engines.vllm.platform import fleet_cpu_threads
+from workers.engines.vllm.platform import fleet_cpu_sets, fleet_cpu_threads
 
 log = structlog.get_logger("jetfleet.up")
 
@@ -164,17 +164,25 @@ def _start_planner(
 
 
 def _start_workers(
-    args: argparse.Namespace, group: ProcessGroup, common: list[str], engine: list[str]
+    args: argparse.Namespace,
+    group: ProcessGroup,
+    common: list[str],
+    engine: list[str],
+    cpu_sets: list[str] | None = None,
 ) -> None:
     """A fixed fleet (``--no-planner``): each pool's workers, ``--workers-per-process`` to a
-    process (``jetfleet worker --replicas``)."""
+    process (``jetfleet worker --replicas``); the n-th process on ``cpu_sets[n]`` if given."""
+    started = 0
     for role, n in _pools(args).items():
         for i, replicas in enumerate(worker_packs(n, args.workers_per_process)):
             packed = ["--replicas", str(replicas)] if replicas > 1 else []
+            if cpu_sets:
+                packed += ["--cpu-cores", cpu_sets[started % len(cpu_sets)]]
             worker = cli_command(
                 "worker", *common, *engine, "--role", role, "--metrics-port", "-1", *packed
             )
             group.start(f"{role}-{i}" if args.disagg else f"worker-{i}", worker)
+            started += 1
 
 
 def _pools(args: argparse.Namespace) -> dict[str, int]:
@@ -220,16 +228,20 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
             except Exception as exc:
                 _say(f"jetfleet up: cannot reach Redis at {redis_url}: {exc or type(exc).__name__}")
                 return 1
-        if args.engine == "vllm" and args.cpu_threads is None:  # (a GPU ignores it)
-            cores, engines = len(os.sched_getaffinity(0)), sum(_pools(args).values())
-            args.cpu_threads = fleet_cpu_threads(cores, engines)
+        cpu_sets = None  # (a GPU ignores both)
+        if args.engine == "vllm":
+            usable, engines = sorted(os.sched_getaffinity(0)), sum(_pools(args).values())
+            if args.cpu_threads is None:
+                args.cpu_threads = fleet_cpu_threads(len(usable), engines)
+            if args.cpu_cores is None and not args.planner:  # (the planner's fleet changes)
+                cpu_sets = fleet_cpu_sets(usable, engines, args.cpu_threads)
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
             ops["planner"], ops["connector"] = free_port(), free_port()
             _start_connector(args, group, common, engine, ops)
         else:
-            _start_workers(args, group, common, engine)
+            _start_workers(args, group, common, engine, cpu_sets)
         if args.router == "kv":
             ops["indexer"] = free_port()
             indexer = ["--redis", redis_url, "--metrics-port", str(ops["indexer"])]

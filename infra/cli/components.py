@@ -92,6 +92,12 @@ VLLM = ConfigFlags(
         help="CPU build: model threads (default: all cores; up: the cores shared out among the "
         "workers it starts with, less one for the fleet from 4 cores on)",
     ),
+    Flag(
+        "cpu_cores",
+        help="CPU build: the cores this worker and its engine run on, a CPU list like 0-3,8 "
+        "(default: where the OS puts them; up: cores of its own for each engine it starts, "
+        "when there are two or more or a core is kept for the fleet; none: never pinned)",
+    ),
     title="vLLM engine (--engine vllm; bash infra/bootstrap.sh vllm sets it up)",
 )
 # tokens per KV block when --block-size is not given: vLLM's CPU build needs a multiple of 32

@@ -14,6 +14,7 @@ Map of the package (only ``backend.py`` imports vLLM, and only when constructed)
 - ``cache_shadow.py`` vLLM's cached blocks as seen through its events (resync, consistency)
 - ``kv_follow.py``    the events on their way to the worker; resync; the cache reset after a loss
 - ``versions.py``     what changed in which vLLM release (the engine asks, the tests check)
-- ``platform.py``     the environment vLLM's CPU build needs (KV space, threads), from the config
+- ``platform.py``     what vLLM's CPU build needs (KV space, threads, cores), from the config
+- ``cpu_list.py``     Linux CPU lists (``0-3,8``); ``pinning.py`` puts the worker on its cores
 - ``lifeline.py``     a ``vllm.general_plugins`` entry point: vLLM's processes end with the worker
 """

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from workers.engines.vllm.cpu_list import parse_cpu_list
+
 
 @dataclass(frozen=True)
 class KvEventsEndpoints:
@@ -116,6 +118,10 @@ class VllmEngineConfig:
     cpu_threads: int | None = None
     """vLLM's CPU build: threads for the model's kernels (``OMP_NUM_THREADS``; None: that
     variable if set, else every core this process may use)."""
+    cpu_cores: str | None = None
+    """vLLM's CPU build: the cores the worker and its engine processes run on (a Linux CPU list,
+    ``0-3,8``; None or ``none``: wherever the OS places them). ``jetfleet up`` gives each of
+    its CPU engines cores of its own (``platform.fleet_cpu_sets``)."""
     extra_engine_args: Mapping[str, Any] = field(default_factory=dict)
     """Any other ``AsyncEngineArgs`` field, applied last (``--vllm-arg key=value``)."""
 
@@ -143,6 +149,8 @@ class VllmEngineConfig:
             raise ValueError("cpu_kv_cache_gib must be positive")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError("cpu_threads must be at least 1")
+        if self.cpu_cores not in (None, "none"):
+            parse_cpu_list(self.cpu_cores)  # a clear error at start, not in vLLM's process
         if self.kv_replay_endpoint and not self.kv_events_endpoint:
             raise ValueError("kv_replay_endpoint needs kv_events_endpoint")
 

@@ -17,6 +17,15 @@ on a laptop:
   from an OpenMP thread its partner waits for) from 4 cores on. Below that a real model needs
   the core more than the fleet does (measured: docs/benchmarks.md, "Measurements behind design
   choices");
+- the cores (``cpu_cores``, a Linux CPU list such as ``0-3,8``): the worker and the engine
+  processes it starts run on these cores only (``pin_process``, inherited by vLLM's processes).
+  ``jetfleet up`` gives each CPU engine it starts cores of its own (``fleet_cpu_sets``) when it
+  starts more than one or keeps a core for the fleet; a lone engine on every core, or ``none``,
+  stays where the OS puts it. Each engine is two busy processes: ``VLLM::Worker`` computes the
+  step while ``EngineCore`` spins (``sched_yield``) on shared memory for its answer. Left to
+  the OS, two engines on two cores often had both ``Worker``s on one core and both spinners
+  on the other: each model ran at half speed while a core spun. Pinned, a spinner only ever
+  yields to its own ``Worker`` (measured: two SmolLM2 engines, docs/engines/vllm.md);
 - ``OMP_WAIT_POLICY``: not set (OpenMP's own default, as vLLM's server and Dynamo's worker run:
   a thread spins briefly at a barrier, then sleeps). ``PASSIVE`` (sleep at once), which this
   worker set until 2026-11-28, cost a real model two fifths of its speed at concurrency 1: each
@@ -33,9 +42,10 @@ On a GPU none of this applies and nothing is set.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from workers.engines.vllm.config import VllmEngineConfig
+from workers.engines.vllm.cpu_list import format_cpu_list
 
 DEFAULT_KV_CACHE_GIB = 1
 
@@ -49,6 +59,21 @@ def fleet_cpu_threads(cores: int, engines: int) -> int:
     ``FLEET_CORE_FROM`` cores on (the engines then keep at least three), at least one each."""
     spare = 1 if cores >= FLEET_CORE_FROM else 0
     return max(1, (cores - spare) // max(1, engines))
+
+
+def fleet_cpu_sets(cores: Sequence[int], engines: int, threads: int) -> list[str] | None:
+    """The cores of each of ``engines`` CPU engines of ``threads`` threads that ``jetfleet up``
+    starts on a host whose usable ``cores`` are these: consecutive slices of ``threads`` cores,
+    after the one kept for the fleet from ``FLEET_CORE_FROM`` cores on; with more engines than
+    slices, engine i takes slice i mod slices (engines share a slice, never straddle two).
+    None when there is nothing to pin: one engine on every core."""
+    usable = sorted(set(cores))
+    spare = 1 if len(usable) >= FLEET_CORE_FROM else 0
+    if engines < 1 or (engines == 1 and not spare):
+        return None
+    width = max(1, min(threads, len(usable) - spare))
+    slices = max(1, (len(usable) - spare) // width)
+    return [format_cpu_list(usable[spare + (i % slices) * width :][:width]) for i in range(engines)]
 
 
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})  # x86 (cpuinfo flags), Arm (Features)

@@ -1,0 +1,94 @@
+"""The cores each CPU engine runs on: CPU lists, how ``jetfleet up`` shares a host's cores out
+among its engines, and the pin itself on real processes (a thread started before it, and a
+child started after it, end up on the same cores)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from workers.engines.vllm.config import VllmEngineConfig
+from workers.engines.vllm.cpu_list import format_cpu_list, parse_cpu_list
+from workers.engines.vllm.platform import fleet_cpu_sets
+
+
+@pytest.mark.parametrize(
+    ("text", "cores"),
+    [("0", {0}), ("0-3", {0, 1, 2, 3}), ("0-1,4,6-7", {0, 1, 4, 6, 7}), (" 2 , 5 ", {2, 5})],
+)
+def test_cpu_lists_are_read_and_written_as_linux_does(text: str, cores: set[int]) -> None:
+    assert parse_cpu_list(text) == cores
+    assert parse_cpu_list(format_cpu_list(sorted(cores))) == cores
+    assert format_cpu_list([7, 6, 4, 1, 0]) == "0-1,4,6-7"
+
+
+@pytest.mark.parametrize("text", ["", "a", "1-", "3-1", "0,,1", "-1"])
+def test_a_bad_cpu_list_is_refused_at_start(text: str) -> None:
+    with pytest.raises(ValueError, match="CPU list"):
+        VllmEngineConfig(model="/m", cpu_cores=text)
+
+
+def test_none_means_unpinned() -> None:
+    assert VllmEngineConfig(model="/m", cpu_cores="none").cpu_cores == "none"
+
+
+@pytest.mark.parametrize(
+    ("cores", "engines", "threads", "want"),
+    [
+        ([0, 1], 1, 2, None),  # one engine on every core: nothing to pin
+        ([0, 1], 2, 1, ["0", "1"]),  # this machine, two engines: a core each
+        ([0, 1], 4, 1, ["0", "1", "0", "1"]),  # more engines than cores: two to a core
+        ([0, 1, 2, 3], 1, 3, ["1-3"]),  # one core kept for the fleet from 4 cores on
+        ([0, 1, 2, 3, 4, 5, 6, 7], 2, 3, ["1-3", "4-6"]),
+        ([0, 1, 2, 3, 4, 5, 6, 7], 3, 2, ["1-2", "3-4", "5-6"]),
+        ([2, 3, 6, 7, 8], 2, 2, ["3,6", "7-8"]),  # the cores this process may use, in order
+        ([0, 1, 2, 3], 2, 8, ["1-3", "1-3"]),  # more threads than cores: the engines share
+    ],
+)
+def test_up_gives_each_engine_cores_of_its_own(
+    cores: list[int], engines: int, threads: int, want: list[str] | None
+) -> None:
+    assert fleet_cpu_sets(cores, engines, threads) == want
+
+
+PROBE = """
+import json, os, subprocess, sys, threading
+from workers.engines.vllm.pinning import pin_process
+started = threading.Event(); stop = threading.Event()
+def run():
+    started.set(); stop.wait()
+t = threading.Thread(target=run); t.start(); started.wait()
+pin_process({core})
+thread = [int(x) for x in os.listdir('/proc/self/task') if int(x) != os.getpid()][0]
+child = subprocess.run(
+    [sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],
+    capture_output=True, text=True, check=True,
+).stdout
+stop.set(); t.join()
+print(json.dumps({{
+    'main': sorted(os.sched_getaffinity(0)),
+    'thread': sorted(os.sched_getaffinity(thread)),
+    'child': json.loads(child),
+}}))
+"""
+
+
+def test_the_pin_moves_every_thread_and_is_inherited() -> None:
+    core = max(os.sched_getaffinity(0))
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(core={core})],
+        capture_output=True, text=True, check=True, cwd=os.getcwd(),
+    )  # fmt: skip
+    assert json.loads(done.stdout) == {"main": [core], "thread": [core], "child": [core]}
+
+
+def test_a_core_the_process_may_not_use_is_refused() -> None:
+    from workers.engines.vllm.pinning import pin_process
+
+    missing = max(os.sched_getaffinity(0)) + 4096
+    with pytest.raises(OSError):
+        pin_process({missing})
