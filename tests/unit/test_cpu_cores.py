@@ -68,12 +68,13 @@ child = subprocess.run(
     [sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'],
     capture_output=True, text=True, check=True,
 ).stdout
-stop.set(); t.join()
-print(json.dumps({{
+found = {{
     'main': sorted(os.sched_getaffinity(0)),
-    'thread': sorted(os.sched_getaffinity(thread)),
+    'thread': sorted(os.sched_getaffinity(thread)),  # while it still runs
     'child': json.loads(child),
-}}))
+}}
+stop.set(); t.join()
+print(json.dumps(found))
 """
 
 

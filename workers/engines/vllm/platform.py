@@ -23,9 +23,9 @@ on a laptop:
   starts more than one or keeps a core for the fleet; a lone engine on every core, or ``none``,
   stays where the OS puts it. Each engine is two busy processes: ``VLLM::Worker`` computes the
   step while ``EngineCore`` spins (``sched_yield``) on shared memory for its answer. Left to
-  the OS, two engines on two cores often had both ``Worker``s on one core and both spinners
-  on the other: each model ran at half speed while a core spun. Pinned, a spinner only ever
-  yields to its own ``Worker`` (measured: two SmolLM2 engines, docs/engines/vllm.md);
+  the OS, two engines on two cores gave their spinners half a core that the other engine's
+  ``Worker`` could have used. Pinned, a spinner only ever yields to its own ``Worker``
+  (measured: two SmolLM2 engines, 0.96 -> 1.32 req/s, docs/engines/vllm.md);
 - ``OMP_WAIT_POLICY``: not set (OpenMP's own default, as vLLM's server and Dynamo's worker run:
   a thread spins briefly at a barrier, then sleeps). ``PASSIVE`` (sleep at once), which this
   worker set until 2026-11-28, cost a real model two fifths of its speed at concurrency 1: each
