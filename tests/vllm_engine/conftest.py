@@ -67,6 +67,9 @@ def real_fleet(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         tmp, 2, "--engine", "vllm", "--model", str(smollm2), "--enable-lora",
         "--vllm-arg", f"num_gpu_blocks_override={REAL_FLEET_BLOCKS}",
         "--max-model-len", "4096",
+        # unpinned: on the test machine three pytest workers share the 2 cores with these
+        # engines, and a pinned engine cannot leave a busy core (the pin: test_cpu_placement)
+        "--cpu-cores", "none",
         start_timeout_s=START_TIMEOUT_S,
     ) as fleet:  # fmt: skip
         yield fleet

@@ -6,11 +6,12 @@ the host's cores, and no two engines share a slice while there are cores enough
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.up import Up, wait_ready_workers
+from tests.support.up import Up, running_up, wait_ready_workers
 from tests.vllm_engine.conftest import START_TIMEOUT_S
 from tests.vllm_engine.support import engine_processes
 from workers.engines.vllm.cpu_list import parse_cpu_list
@@ -34,8 +35,18 @@ def _threads(pid: int) -> list[int]:
         return []
 
 
-def test_each_engine_runs_on_cores_of_its_own(real_fleet: Up) -> None:
-    workers = wait_ready_workers(real_fleet, 2, START_TIMEOUT_S)
+@pytest.fixture(scope="module")
+def pinned_fleet(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """Two engines as ``up`` starts them by default (the shared ``real_fleet`` runs unpinned)."""
+    with running_up(
+        tmp_path_factory.mktemp("pinned"), 2, "--engine", "vllm", "--model", str(tiny_llama),
+        "--max-model-len", "1024", start_timeout_s=START_TIMEOUT_S,
+    ) as fleet:  # fmt: skip
+        yield fleet
+
+
+def test_each_engine_runs_on_cores_of_its_own(pinned_fleet: Up) -> None:
+    workers = wait_ready_workers(pinned_fleet, 2, START_TIMEOUT_S)
     usable = sorted(os.sched_getaffinity(0))
     want = fleet_cpu_sets(usable, 2, fleet_cpu_threads(len(usable), 2))
     placed: list[frozenset[int]] = []
