@@ -324,6 +324,20 @@ def chosen(starts: dict[str, Start]) -> list[Start]:
     return [start for name, start in starts.items() if name not in SKIP]
 
 
+def add_variant(
+    starts: dict[str, Start],
+    model: Path,
+    tmp: Path,
+    workers: int,
+    up_args: list[str],
+    env: list[str],
+) -> None:
+    """The same fleet with other ``up`` flags or environment, beside its defaults (if any)."""
+    if up_args or env:
+        variant, variant_env = tuple(up_args), tuple(env)
+        starts["variant"] = lambda: jetfleet(model, tmp, workers, "kv", variant, variant_env)
+
+
 def with_dynamo() -> bool:
     """Dynamo runs when it is installed beside this vLLM (``--release`` environments have it)."""
     return importlib.util.find_spec("dynamo") is not None
@@ -340,11 +354,7 @@ def overhead(
         "vllm": lambda: plain_vllm(model, tmp),
         "jetfleet": lambda: jetfleet(model, tmp / f"up-{seed}", 1, "kv"),
     }
-    if up_args or env:  # the same fleet with other flags or environment, beside its defaults
-        variant, variant_env = tuple(up_args), tuple(env)
-        starts["variant"] = lambda: jetfleet(
-            model, tmp / f"up2-{seed}", 1, "kv", variant, variant_env
-        )
+    add_variant(starts, model, tmp / f"up2-{seed}", 1, up_args, env)
     if with_dynamo():
         starts["dynamo"] = lambda: dynamo(model, tmp, 1)
     for start in chosen(starts):
@@ -360,11 +370,7 @@ def routing(
     model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
 ) -> None:
     starts: dict[str, Start] = {"jetfleet": lambda: jetfleet(model, tmp / f"kv-{seed}", 2, "kv")}
-    if up_args or env:  # the same fleet with other flags or environment, beside its defaults
-        variant, variant_env = tuple(up_args), tuple(env)
-        starts["variant"] = lambda: jetfleet(
-            model, tmp / f"kv2-{seed}", 2, "kv", variant, variant_env
-        )
+    add_variant(starts, model, tmp / f"kv2-{seed}", 2, up_args, env)
     starts["round-robin"] = lambda: jetfleet(model, tmp / f"rr-{seed}", 2, "round-robin")
     if with_dynamo():
         starts["dynamo"] = lambda: dynamo(model, tmp, 2)
@@ -412,11 +418,7 @@ def trace(
         keep_one_in=TRACE.keep_one_in,
     )  # fmt: skip
     starts: dict[str, Start] = {"jetfleet": lambda: jetfleet(model, tmp / f"trace-{seed}", 2, "kv")}
-    if up_args or env:  # the same fleet with other flags or environment, beside its defaults
-        variant, variant_env = tuple(up_args), tuple(env)
-        starts["variant"] = lambda: jetfleet(
-            model, tmp / f"trace2-{seed}", 2, "kv", variant, variant_env
-        )
+    add_variant(starts, model, tmp / f"trace2-{seed}", 2, up_args, env)
     if with_dynamo():
         starts["dynamo"] = lambda: dynamo(model, tmp, 2)
     head = {
@@ -520,8 +522,8 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     SKIP.update(args.skip)
-    chosen = (args.slice_start, args.slice, args.speed, args.keep_one_in)
-    set_trace(TraceSlice(args.trace.resolve(), *chosen))
+    trace_slice = (args.slice_start, args.slice, args.speed, args.keep_one_in)
+    set_trace(TraceSlice(args.trace.resolve(), *trace_slice))
     if args.release:
         in_release(args.release)
     from infra.vllm_models import MODELS, ensure

@@ -18,7 +18,6 @@ from typing import Any, Protocol, cast
 
 from workers.engines.vllm import lifeline
 from workers.engines.vllm.config import KvEventsEndpoints, VllmEngineConfig, engine_args_kwargs
-from workers.engines.vllm.cpu_list import parse_cpu_list
 from workers.engines.vllm.pinning import pin_process
 from workers.engines.vllm.platform import cpu_dtype, cpu_environment, read_cpu_flags
 from workers.engines.vllm.protocol import AsyncLlm, VllmObject
@@ -110,8 +109,8 @@ class RealVllmBackend:
     ) -> StartedLlm:
         lifeline.mark_owner()  # vLLM's processes end with this one (lifeline.py)
         if self._on_cpu():
-            if config.cpu_cores not in (None, "none"):
-                pin_process(parse_cpu_list(config.cpu_cores))  # before vLLM's processes start
+            if (pinned := config.pinned_cores) is not None:
+                pin_process(pinned)  # before vLLM's processes start
             cores = len(os.sched_getaffinity(0))
             os.environ.update(cpu_environment(config, os.environ, cores))
         logger = stat_logger_class(self._loggers.StatLoggerBase, stats)

@@ -126,6 +126,11 @@ class VllmEngineConfig:
     """Any other ``AsyncEngineArgs`` field, applied last (``--vllm-arg key=value``)."""
 
     @property
+    def pinned_cores(self) -> frozenset[int] | None:
+        """``cpu_cores`` read (None: not pinned)."""
+        return None if self.cpu_cores in (None, "none") else parse_cpu_list(str(self.cpu_cores))
+
+    @property
     def tasks(self) -> tuple[str, ...]:
         """What the worker answers: an embedding model (``--vllm-arg runner=pooling``, or the
         older ``task=embed`` / ``convert=embed``) embeds, any other generates; and takes
@@ -149,8 +154,7 @@ class VllmEngineConfig:
             raise ValueError("cpu_kv_cache_gib must be positive")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError("cpu_threads must be at least 1")
-        if self.cpu_cores not in (None, "none"):
-            parse_cpu_list(self.cpu_cores)  # a clear error at start, not in vLLM's process
+        _ = self.pinned_cores  # a bad CPU list: a clear error at start, not in vLLM's process
         if self.kv_replay_endpoint and not self.kv_events_endpoint:
             raise ValueError("kv_replay_endpoint needs kv_events_endpoint")
 
