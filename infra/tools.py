@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError
 
 from base.connect import connect_nats
+from base.kv_read import bucket_values
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from schemas import (
@@ -76,17 +77,8 @@ async def load_cards(js: JetStreamContext, subjects: Subjects) -> dict[str, Mode
             f"no fleet under subject prefix {subjects.prefix!r} on this NATS server (no "
             f"{subjects.bucket_name(MODELS_BUCKET)} bucket): check --nats and --subject-prefix"
         ) from exc
-    cards: dict[str, ModelCard] = {}
-    try:
-        keys = await kv.keys()
-    except Exception:  # no keys yet
-        return cards
-    for key in keys:
-        entry = await kv.get(key)
-        if entry.value:
-            card = decode(entry.value, ModelCard)
-            cards[card.name] = card
-    return cards
+    cards = [decode(value, ModelCard) for value in (await bucket_values(kv)).values()]
+    return {card.name: card for card in cards}
 
 
 async def publish(args: argparse.Namespace, subjects: Subjects) -> int:

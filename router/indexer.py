@@ -52,6 +52,7 @@ from base.connect import close_nats, connect_nats, connect_redis
 from base.connection_metrics import ConnectionGauges
 from base.consume import DeadLetters
 from base.deadletter import DeadLetterMetrics
+from base.kv_read import bucket_values
 from base.ops_http import nats_connected
 from base.ops_presence import serve_ops
 from base.signals import stop_event
@@ -610,10 +611,8 @@ class Indexer:
             models |= await self.index.models()
         with contextlib.suppress(Exception):  # no bucket or no keys yet
             kv = await self.js.key_value(self.cfg.subjects.bucket_name(MODELS_BUCKET))
-            for key in await kv.keys():
-                entry = await kv.get(key)
-                if entry.value:
-                    models.add(decode(entry.value, ModelCard).name)
+            for value in (await bucket_values(kv)).values():
+                models.add(decode(value, ModelCard).name)
         return models
 
     async def _tail_seq(self) -> int:
