@@ -6,6 +6,7 @@ threads) and the same client (the Dynamo anchor's ``loadgen.py``).
 
     python -m tests.bench.real_engine overhead --release 0.31.0 [--sittings 3]
     python -m tests.bench.real_engine routing  --release 0.32.0 [--sittings 3]
+    python -m tests.bench.real_engine floor    --release 0.32.0 [--sittings 3]
     python -m tests.bench.real_engine settings --release 0.31.0
     python -m tests.bench.real_engine trace    --release 0.31.0 [--sittings 3] \
         --trace conversation_trace.jsonl [--slice-start 0] [--slice 600] [--speed 4] \
@@ -21,6 +22,7 @@ system gets one unmeasured level first): req/s, TTFT p50/p99 and CPU seconds per
 over every process of the system. ``routing``: two engines, 8 shared 300-word system prompts and
 20 fresh words each, concurrency 4: jetfleet's KV router, jetfleet round-robin and Dynamo's KV
 router, with the prompt tokens vLLM served from its prefix cache (its own count, in ``usage``).
+``floor``: the TTFT no router can beat on ``routing`` (see ``floor``).
 ``trace``: two engines, a slice of a Mooncake trace scaled to SmolLM2 (``TraceSlice``) replayed
 open loop (``trace_replay.py``): jetfleet's KV router and Dynamo's, TTFT p50/p90/p99, ITL, req/s,
 the cached share and the CPU seconds of each kind of process.
@@ -50,7 +52,7 @@ from typing import Any
 from base.ports import free_port
 from tests.bench import release_envs
 from tests.bench.engine_settings import differences, engine_settings
-from tests.bench.procstat import breakdown, tree_by_process
+from tests.bench.procstat import breakdown, tree, tree_by_process
 from tests.support.up import running_up
 
 MODEL_NAME = "SmolLM2-135M-Instruct"  # set by main from --model
@@ -92,8 +94,11 @@ def _engine_env(workers: int) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def plain_vllm(model: Path, tmp: Path) -> Iterator[System]:
-    """vLLM's own OpenAI server, the engine alone."""
+def plain_vllm(model: Path, tmp: Path, cores: list[int] | None = None) -> Iterator[System]:
+    """vLLM's own OpenAI server, the engine alone. With ``cores``, its engine (the server's
+    descendants: ``EngineCore``, ``Worker``, every thread of them) is pinned there, one OpenMP
+    thread a core, once it serves; the API server process stays on every core, as a fleet's
+    frontend does."""
     port = free_port()
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
@@ -102,13 +107,26 @@ def plain_vllm(model: Path, tmp: Path) -> Iterator[System]:
     ]  # fmt: skip
     log_path = tmp / f"vllm-{port}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=_engine_env(1))
+        env = _engine_env(1)
+        if cores:
+            env["OMP_NUM_THREADS"] = str(len(cores))
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         _wait_served(f"http://127.0.0.1:{port}", [proc])
+        if cores:
+            _pin_descendants(proc.pid, set(cores))
         yield System("vllm", f"http://127.0.0.1:{port}", {"vllm": proc.pid}, [log_path])
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(120)
+
+
+def _pin_descendants(pid: int, cores: set[int]) -> None:
+    for child in tree(pid)[1:]:
+        with contextlib.suppress(FileNotFoundError):
+            for tid in os.listdir(f"/proc/{child}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(tid), cores)
 
 
 @contextlib.contextmanager
@@ -275,15 +293,16 @@ def load(
     requests: int,
     seed: int,
     words: Path,
+    warmup: int = 0,
 ) -> dict[str, Any]:
-    """One closed-loop run of the anchor's load client (after ``concurrency`` unmeasured
-    requests), reduced to what the comparison needs."""
+    """One closed-loop run of the anchor's load client (after ``warmup`` unmeasured requests,
+    ``concurrency`` if 0), reduced to what the comparison needs."""
     with tempfile.TemporaryDirectory() as out:
         argv = [
             sys.executable, str(SHARED / "anchors" / "dynamo" / "loadgen.py"), "--url", system.url,
             "--model", MODEL_NAME, "--words", str(words),
             *workload, "--concurrency", str(concurrency), "--requests", str(requests),
-            "--warmup", str(concurrency), "--seed", str(seed), "--max-seconds", "900",
+            "--warmup", str(warmup or concurrency), "--seed", str(seed), "--max-seconds", "900",
             "--request-timeout", "600", "--out", out,
             *(f"--pid={name}={pid}" for name, pid in system.pids.items()),
         ]  # fmt: skip
@@ -383,6 +402,22 @@ def routing(
             print(json.dumps({"bench": "routing", **row}), flush=True)
 
 
+def floor(
+    model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
+) -> None:
+    """What no router can beat on ``routing``'s workload: four requests in flight on two engines
+    are two on each at best, and at best every system prompt is in the engine's cache. So vLLM's
+    own server, one engine on one core and one thread (as ``up`` pins each of its two; its API
+    server on every core), serves the workload at concurrency 2 (and 1: no neighbour at all)
+    after 40 unmeasured requests that put the 8 system prompts in its cache (each is drawn in
+    40 with probability 99.5%); the TTFT it gives is the floor of any fleet's TTFT on
+    ``routing``."""
+    with plain_vllm(model, tmp, cores=sorted(os.sched_getaffinity(0))[:1]) as system:
+        for c in (1, 2):
+            row = load(system, ROUTING, c, 48, seed * 10 + c, words, warmup=40)
+            print(json.dumps({"bench": "routing-floor", "engine_cores": 1, **row}), flush=True)
+
+
 @dataclass(frozen=True)
 class TraceSlice:
     """A slice of a Mooncake-format trace, scaled to SmolLM2: each 512-token block of the trace
@@ -463,7 +498,13 @@ def settings(
     print(json.dumps({"bench": "settings-differ", **differences(found)}), flush=True)
 
 
-BENCHES = {"overhead": overhead, "routing": routing, "settings": settings, "trace": trace}
+BENCHES = {
+    "overhead": overhead,
+    "routing": routing,
+    "floor": floor,
+    "settings": settings,
+    "trace": trace,
+}
 
 
 def in_release(release: str) -> None:
