@@ -1,17 +1,24 @@
-"""Read a whole KV bucket once, by a watch whose initial values end with a marker.
+"""Read a whole KV bucket once, the way a listing can be trusted.
 
-``KeyValue.keys()`` is not fit for this: it waits 5 s for each key and turns a slow server into
-an exception a caller cannot tell from an empty bucket, so a loaded machine reads as "no models".
-Here an empty bucket is an empty dict, and a server that does not answer within ``timeout_s`` is
-an error (``BucketReadTimeout``, a ``nats.errors.TimeoutError``), never an empty answer."""
+The callers this replaced listed keys with ``KeyValue.keys()`` and read any exception as "no keys
+yet", so a slow server made a fleet look empty (``jetfleet status`` reported no models on a
+loaded machine). Nor is the watch's end-of-initial-values marker enough: nats-py can send it
+before values the server already sent have been parsed (nats-io/nats.py#842). So the bucket's
+stream is asked for its last sequence first, and the watch (in stream order, the newest entry of
+each key) is read until that sequence has been delivered. An empty bucket is an empty dict; a
+bucket not read within ``timeout_s`` is an error (``BucketReadTimeout``), never an empty or
+partial answer."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.kv import KeyValue
+
+_REMOVED = ("DEL", "PURGE")
 
 
 class BucketReadTimeout(NatsTimeoutError):
@@ -25,16 +32,38 @@ class BucketReadTimeout(NatsTimeoutError):
 
 async def bucket_values(kv: KeyValue, timeout_s: float = 30.0) -> dict[str, bytes]:
     """The current value of every key in ``kv`` (deleted and purged keys left out)."""
-    watcher = await kv.watchall(ignore_deletes=True)
+    return await _read(kv, timeout_s, meta_only=False)
+
+
+async def bucket_keys(kv: KeyValue, timeout_s: float = 30.0) -> set[str]:
+    """Every key in ``kv`` (deleted and purged keys left out); the values are not sent."""
+    return set(await _read(kv, timeout_s, meta_only=True))
+
+
+async def _read(kv: KeyValue, timeout_s: float, meta_only: bool) -> dict[str, bytes]:
     values: dict[str, bytes] = {}
+    watcher: Any = None
     try:
         async with asyncio.timeout(timeout_s):
-            while (entry := await watcher.updates(timeout=timeout_s)) is not None:  # type: ignore[no-untyped-call]
-                if entry.value:
-                    values[entry.key] = entry.value
-    except TimeoutError as exc:  # the deadline's, or one update's (nats.errors.TimeoutError)
+            state = (await kv.status()).stream_info.state
+            if not state.messages:
+                return values
+            last = state.last_seq
+            watcher = await kv.watchall(meta_only=meta_only)
+            seen = 0
+            while seen < last:
+                entry = await watcher.updates(timeout=timeout_s)
+                if entry is None:  # the marker: not trusted to mean the end (above)
+                    continue
+                seen = max(seen, entry.revision or 0)
+                if entry.operation in _REMOVED:
+                    values.pop(entry.key, None)
+                else:
+                    values[entry.key] = entry.value or b""
+    except TimeoutError as exc:  # the deadline's, or a request's (nats.errors.TimeoutError)
         raise BucketReadTimeout(timeout_s) from exc
     finally:
-        with contextlib.suppress(Exception):
-            await watcher.stop()  # type: ignore[no-untyped-call]
+        if watcher is not None:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
     return values

@@ -26,6 +26,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from base.kv_read import bucket_keys
 from schemas import Subjects, WireDecodeError, WorkerRegistration, decode, encode
 from schemas.discovery import BY_HAND
 from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
@@ -33,6 +34,7 @@ from schemas.streams import HEARTBEATS_BUCKET, WORKERS_BUCKET
 log = structlog.get_logger("jetfleet.workers")
 
 ORPHAN_SWEEP_S = 15.0  # how often a judge looks for registrations no heartbeat stands behind
+_LISTING_TIMEOUT_S = 5.0  # a judge listing registrations gives up (the next sweep retries)
 
 
 class Hearing:
@@ -207,8 +209,8 @@ class WorkerWatch:
             return
         present: set[str] = set()
         if check:
-            with contextlib.suppress(Exception):  # no keys at all (or NATS away)
-                present = set(await self._registrations.keys())
+            with contextlib.suppress(Exception):  # NATS away: a create below fails if present
+                present = await bucket_keys(self._registrations, timeout_s=_LISTING_TIMEOUT_S)
         for reg in regs:
             if reg.worker_id in self.live and reg.worker_id not in present:
                 with contextlib.suppress(Exception):
@@ -255,11 +257,21 @@ class WorkerWatch:
             swept = now
             if not self.hearing.may_expire(now, ttl):
                 continue
-            with contextlib.suppress(Exception):  # no keys yet
-                assert self._registrations is not None
-                for key in await self._registrations.keys():
-                    if key not in self.live:
-                        await self._unregister(key, self.regs.get(key))
+            self._spawn(self._sweep_orphans())  # a slow listing must not hold the presence
+
+    async def _sweep_orphans(self) -> None:
+        """Delete the registrations of workers that are not live: no heartbeat this judge hears
+        (a worker that died before it started, or whose deletion was missed)."""
+        if self._registrations is None:
+            return
+        try:
+            registered = await bucket_keys(self._registrations, timeout_s=_LISTING_TIMEOUT_S)
+        except Exception as exc:  # NATS slow or away: the next sweep reads it again
+            log.warning("orphan_sweep_unread", error=repr(exc))
+            return
+        for key in registered:
+            if key not in self.live:
+                await self._unregister(key, self.regs.get(key))
 
     async def _watch(self, watcher: KeyValue.KeyWatcher) -> None:
         async for entry in watcher:

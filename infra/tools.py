@@ -77,7 +77,7 @@ async def load_cards(js: JetStreamContext, subjects: Subjects) -> dict[str, Mode
             f"no fleet under subject prefix {subjects.prefix!r} on this NATS server (no "
             f"{subjects.bucket_name(MODELS_BUCKET)} bucket): check --nats and --subject-prefix"
         ) from exc
-    cards = [decode(value, ModelCard) for value in (await bucket_values(kv)).values()]
+    cards = [decode(value, ModelCard) for value in (await bucket_values(kv)).values() if value]
     return {card.name: card for card in cards}
 
 

@@ -45,7 +45,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import ObjectNotFoundError
+from nats.js.errors import BucketNotFoundError, ObjectNotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
@@ -609,10 +609,15 @@ class Indexer:
         models = set(self.worker_models.values())
         with contextlib.suppress(Exception):
             models |= await self.index.models()
-        with contextlib.suppress(Exception):  # no bucket or no keys yet
+        try:
             kv = await self.js.key_value(self.cfg.subjects.bucket_name(MODELS_BUCKET))
-            for value in (await bucket_values(kv)).values():
-                models.add(decode(value, ModelCard).name)
+            for value in (await bucket_values(kv, timeout_s=5.0)).values():
+                if value:
+                    models.add(decode(value, ModelCard).name)
+        except BucketNotFoundError:  # no worker has registered a model yet
+            pass
+        except Exception as exc:  # NATS slow or away: the next round reads them again
+            self.log.warning("indexer_models_unread", error=repr(exc))
         return models
 
     async def _tail_seq(self) -> int:

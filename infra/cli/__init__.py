@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level, args.log_format)
     ensure_engine_model(args, lambda line: print(f"jetfleet: {line}", flush=True))
     subjects = Subjects(args.subject_prefix)
+    from base.kv_read import BucketReadTimeout
     from base.topology import TopologyError
     from base.tracing import TracingUnavailableError
     from infra.tools import NoFleetError
@@ -83,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                 return int(family.run(args, subjects, _run))
             except NoFleetError as exc:  # a tool pointed at the wrong server or prefix
                 print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)
+                return 1
+            except BucketReadTimeout as exc:  # a server too slow to list what it holds
+                print(
+                    f"jetfleet {args.cmd}: {exc} (is the NATS server overloaded?)", file=sys.stderr
+                )
                 return 1
             except TracingUnavailableError as exc:  # configured, not installed
                 print(f"jetfleet {args.cmd}: {exc}", file=sys.stderr)

@@ -193,3 +193,37 @@ async def test_discovery_tells_each_workers_joining_and_leaving_after_its_fleet_
     finally:
         w.stop()
         await discovery.stop()
+
+
+async def test_a_judge_sweeps_registrations_no_heartbeat_stands_behind(fleet, monkeypatch):
+    """A registration left by a worker that died before this judge started (its heartbeat long
+    expired) is deleted by the judge's sweep; a live worker's stays, and the judge's presence
+    goes on being published while the sweep lists the bucket."""
+    import base.worker_watch as worker_watch
+
+    monkeypatch.setattr(worker_watch, "ORPHAN_SWEEP_S", 0.5)
+    nc, subjects = fleet
+    js = nc.jetstream()
+    regs = await js.key_value(subjects.bucket_name(WORKERS_BUCKET))
+    await regs.put("w-orphan", encode(registration("w-orphan", "m", ttl_s=1.0)))
+    live = Beating(js, subjects, "w-live")
+    await live.start()
+    judge = WorkerWatch(nc, subjects, judge=True, expire_every_s=0.1)
+    presence = await nc.subscribe(subjects.judges())
+    await judge.start()
+    try:
+
+        async def orphan_gone() -> bool:
+            try:
+                await regs.get("w-orphan")
+            except Exception:  # deleted
+                return True
+            return False
+
+        await wait_for(orphan_gone, timeout=15)
+        assert decode((await regs.get("w-live")).value, WorkerRegistration).worker_id == "w-live"
+        await presence.next_msg(timeout=3)
+    finally:
+        live.stop()
+        await presence.unsubscribe()
+        await judge.stop()
