@@ -6,7 +6,7 @@ threads) and the same client (the Dynamo anchor's ``loadgen.py``).
 
     python -m tests.bench.real_engine overhead --release 0.31.0 [--sittings 3]
     python -m tests.bench.real_engine routing  --release 0.32.0 [--sittings 3]
-    python -m tests.bench.real_engine floor    --release 0.32.0 [--sittings 3]
+    python -m tests.bench.real_engine neighbours --release 0.32.0 [--sittings 3]
     python -m tests.bench.real_engine settings --release 0.31.0
     python -m tests.bench.real_engine trace    --release 0.31.0 [--sittings 3] \
         --trace conversation_trace.jsonl [--slice-start 0] [--slice 600] [--speed 4] \
@@ -22,7 +22,7 @@ system gets one unmeasured level first): req/s, TTFT p50/p99 and CPU seconds per
 over every process of the system. ``routing``: two engines, 8 shared 300-word system prompts and
 20 fresh words each, concurrency 4: jetfleet's KV router, jetfleet round-robin and Dynamo's KV
 router, with the prompt tokens vLLM served from its prefix cache (its own count, in ``usage``).
-``floor``: the TTFT no router can beat on ``routing`` (see ``floor``).
+``neighbours``: one engine alone on ``routing``'s workload, with no neighbour and with one.
 ``trace``: two engines, a slice of a Mooncake trace scaled to SmolLM2 (``TraceSlice``) replayed
 open loop (``trace_replay.py``): jetfleet's KV router and Dynamo's, TTFT p50/p90/p99, ITL, req/s,
 the cached share and the CPU seconds of each kind of process.
@@ -122,11 +122,15 @@ def plain_vllm(model: Path, tmp: Path, cores: list[int] | None = None) -> Iterat
 
 
 def _pin_descendants(pid: int, cores: set[int]) -> None:
+    pinned = 0
     for child in tree(pid)[1:]:
         with contextlib.suppress(FileNotFoundError):
             for tid in os.listdir(f"/proc/{child}/task"):
                 with contextlib.suppress(ProcessLookupError):
                     os.sched_setaffinity(int(tid), cores)
+                    pinned += 1
+    if not pinned:
+        raise RuntimeError(f"vLLM's server {pid} has no engine process to pin")
 
 
 @contextlib.contextmanager
@@ -293,16 +297,17 @@ def load(
     requests: int,
     seed: int,
     words: Path,
-    warmup: int = 0,
+    warmup: int | None = None,
 ) -> dict[str, Any]:
     """One closed-loop run of the anchor's load client (after ``warmup`` unmeasured requests,
-    ``concurrency`` if 0), reduced to what the comparison needs."""
+    by default ``concurrency``), reduced to what the comparison needs."""
     with tempfile.TemporaryDirectory() as out:
         argv = [
             sys.executable, str(SHARED / "anchors" / "dynamo" / "loadgen.py"), "--url", system.url,
             "--model", MODEL_NAME, "--words", str(words),
             *workload, "--concurrency", str(concurrency), "--requests", str(requests),
-            "--warmup", str(warmup or concurrency), "--seed", str(seed), "--max-seconds", "900",
+            "--warmup", str(concurrency if warmup is None else warmup), "--seed", str(seed),
+            "--max-seconds", "900",
             "--request-timeout", "600", "--out", out,
             *(f"--pid={name}={pid}" for name, pid in system.pids.items()),
         ]  # fmt: skip
@@ -402,20 +407,20 @@ def routing(
             print(json.dumps({"bench": "routing", **row}), flush=True)
 
 
-def floor(
+def neighbours(
     model: Path, tmp: Path, seed: int, words: Path, up_args: list[str], env: list[str]
 ) -> None:
-    """What no router can beat on ``routing``'s workload: four requests in flight on two engines
-    are two on each at best, and at best every system prompt is in the engine's cache. So vLLM's
+    """Where a router's TTFT on ``routing`` sits: four requests in flight on two engines are two
+    on each when balanced, and a cache hit's first token waits for its neighbour's step. vLLM's
     own server, one engine on one core and one thread (as ``up`` pins each of its two; its API
-    server on every core), serves the workload at concurrency 2 (and 1: no neighbour at all)
-    after 40 unmeasured requests that put the 8 system prompts in its cache (each is drawn in
-    40 with probability 99.5%); the TTFT it gives is the floor of any fleet's TTFT on
-    ``routing``."""
+    server on every core), serves the workload at concurrency 1 (no neighbour) and 2 (one),
+    after 40 unmeasured requests that put the 8 system prompts in its cache (all 8 are drawn in
+    40 with probability 96%). Not a floor: a router that leaves an engine idle now and then
+    lets some requests start with no neighbour."""
     with plain_vllm(model, tmp, cores=sorted(os.sched_getaffinity(0))[:1]) as system:
         for c in (1, 2):
             row = load(system, ROUTING, c, 48, seed * 10 + c, words, warmup=40)
-            print(json.dumps({"bench": "routing-floor", "engine_cores": 1, **row}), flush=True)
+            print(json.dumps({"bench": "routing-neighbours", "engine_cores": 1, **row}), flush=True)
 
 
 @dataclass(frozen=True)
@@ -501,7 +506,7 @@ def settings(
 BENCHES = {
     "overhead": overhead,
     "routing": routing,
-    "floor": floor,
+    "neighbours": neighbours,
     "settings": settings,
     "trace": trace,
 }
