@@ -107,6 +107,15 @@ async def end_sse(send: Send, data: bytes = b"") -> None:
 RECANCEL_S = 0.05  # a disconnected client's handler is cancelled again this often until it ends
 
 
+def settle_cancellation() -> None:
+    """The running task's cancellation ends where it was caught (a client that left, a stopped
+    background run): take the request back (``Task.uncancel``), so the asyncio timeouts and task
+    groups around it, which count the cancellations pending on their task, see none."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
 class DisconnectWatcher:
     """Cancels the handler task when the client disconnects before the response is complete.
 

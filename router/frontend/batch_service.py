@@ -348,9 +348,7 @@ class BatchService:
         try:
             await self._run_lines(batch_id, stop)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            asgi.settle_cancellation()
         except Exception:
             log.exception("batch_failed", batch_id=batch_id)
             self.running.pop(batch_id, None)

@@ -163,9 +163,7 @@ async def serve(call: asgi.Call, serving: Serving) -> None:
         status = "cancelled"
         for g in gens:
             await g.cancel()
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+        asgi.settle_cancellation()
     finally:
         status = "error" if error and status == "ok" else status
         serving.metrics.requests.labels(req.model, "embeddings", status).inc()

@@ -223,9 +223,7 @@ class BackgroundRunner:
             if run is None or run.handing_over:
                 self.running.pop(response_id, None)
                 raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            asgi.settle_cancellation()
         except OpenAIError as err:
             error = {"code": err.code or err.type, "message": err.message}
         except Exception as exc:

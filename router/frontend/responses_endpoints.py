@@ -311,9 +311,7 @@ async def stream_events(
                     event = b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
                     await asgi.send_sse(call.send, event)
     except asyncio.CancelledError:  # the client left
-        task = asyncio.current_task()
-        if task is not None:
-            task.uncancel()
+        asgi.settle_cancellation()
         return
     await asgi.end_sse(call.send)
 

@@ -223,9 +223,7 @@ class Serving:
             handed_over = bool(call.ctx.get("handed_over"))  # another frontend runs it on
             for c in choices:
                 await c.gen.cancel(stop_worker=not handed_over)
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            asgi.settle_cancellation()
         finally:
             self.metrics.in_flight.dec()
             self.active -= 1
