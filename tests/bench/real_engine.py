@@ -54,6 +54,7 @@ from tests.bench import release_envs
 from tests.bench.engine_settings import differences, engine_settings
 from tests.bench.procstat import breakdown, tree, tree_by_process
 from tests.support.up import running_up
+from workers.engines.vllm.pinning import pin_threads
 
 MODEL_NAME = "SmolLM2-135M-Instruct"  # set by main from --model
 SHARED = Path(__file__).resolve().parents[3] / "shared"
@@ -122,14 +123,7 @@ def plain_vllm(model: Path, tmp: Path, cores: list[int] | None = None) -> Iterat
 
 
 def _pin_descendants(pid: int, cores: set[int]) -> None:
-    pinned = 0
-    for child in tree(pid)[1:]:
-        with contextlib.suppress(FileNotFoundError):
-            for tid in os.listdir(f"/proc/{child}/task"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.sched_setaffinity(int(tid), cores)
-                    pinned += 1
-    if not pinned:
+    if not sum(pin_threads(child, cores) for child in tree(pid)[1:]):
         raise RuntimeError(f"vLLM's server {pid} has no engine process to pin")
 
 
