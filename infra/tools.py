@@ -159,9 +159,16 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
     initial values end with a marker), never by listing keys: a key listing that fails or comes
     back empty under load would read as an empty fleet."""
     js = nc.jetstream()
+    # the models bucket first: it is the last bucket a fleet's topology makes, so a fleet still
+    # being set up (its first component starting) reads as no fleet yet, never as half of one
+    cards = await load_cards(js, subjects)
     watch = WorkerWatch(nc, subjects)
-    await watch.start()
-    await watch.stop()
+    try:
+        await watch.start()
+    except BucketNotFoundError as exc:  # a bucket deleted under a running fleet
+        raise NoFleetError(f"no fleet under subject prefix {subjects.prefix!r}: {exc}") from exc
+    finally:
+        await watch.stop()
     workers: list[dict[str, Any]] = []
     now = time.time()
     for reg in watch.regs.values():
@@ -199,7 +206,6 @@ async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
         except Exception:
             row.update(num_running=None, num_waiting=None, kv_usage=None, host_kv_usage=None)
         workers.append(row)
-    cards = await load_cards(js, subjects)
     models = [
         {
             "name": c.name,

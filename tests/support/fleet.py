@@ -120,16 +120,14 @@ class Fleet:
 
     async def registered_workers(self) -> dict[str, dict[str, Any]]:
         """Every registration (ready, draining, expired), by worker id."""
-        from nats.js.errors import BucketNotFoundError
-
         from base.connect import connect_nats
-        from infra.tools import fleet_status
+        from infra.tools import NoFleetError, fleet_status
         from schemas import Subjects
 
         nc = await connect_nats(self.nats_url, name="test-status")
         try:
             report = await fleet_status(nc, Subjects(self.prefix))
-        except BucketNotFoundError:
+        except NoFleetError:  # the first component is still making the fleet's buckets
             return {}
         finally:
             await nc.close()
