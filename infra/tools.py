@@ -18,7 +18,6 @@ from nats.js.errors import BucketNotFoundError
 from base.connect import connect_nats
 from base.kv_read import bucket_values
 from base.topology import ensure_topology
-from base.worker_watch import WorkerWatch
 from schemas import (
     ControlReply,
     ControlRequest,
@@ -27,13 +26,20 @@ from schemas import (
     SamplingParams,
     Subjects,
     TokenChunk,
+    WireDecodeError,
     WorkerLoad,
+    WorkerRegistration,
     decode,
     encode,
     to_builtins,
 )
 from schemas.requests import submit_msg_id
-from schemas.streams import MODEL_FILES_STORE, MODELS_BUCKET, ResponsesRetention
+from schemas.streams import (
+    HEARTBEATS_BUCKET,
+    MODEL_FILES_STORE,
+    MODELS_BUCKET,
+    ResponsesRetention,
+)
 from schemas.token_reader import TokenReader
 
 # a one-shot command: a NATS that cannot be reached is an error after this many tries (0.5 s
@@ -155,23 +161,27 @@ async def publish(args: argparse.Namespace, subjects: Subjects) -> int:
 
 
 async def fleet_status(nc: NATS, subjects: Subjects) -> dict[str, Any]:
-    """Workers and models as the buckets hold them. The registrations are read with a watch (its
-    initial values end with a marker), never by listing keys: a key listing that fails or comes
-    back empty under load would read as an empty fleet."""
+    """Workers and models as the buckets hold them, each bucket read whole to its last sequence
+    (``bucket_values``): neither a key listing that fails under load nor a watch's end marker
+    that comes before its values (nats-io/nats.py#842) may read as fewer workers or models than
+    the buckets hold; a bucket not read in time is an error."""
     js = nc.jetstream()
     # the models bucket first: it is the last bucket a fleet's topology makes, so a fleet still
     # being set up (its first component starting) reads as no fleet yet, never as half of one
     cards = await load_cards(js, subjects)
-    watch = WorkerWatch(nc, subjects)
     try:
-        await watch.start()
+        heartbeats = await js.key_value(subjects.bucket_name(HEARTBEATS_BUCKET))
     except BucketNotFoundError as exc:  # a bucket deleted under a running fleet
         raise NoFleetError(f"no fleet under subject prefix {subjects.prefix!r}: {exc}") from exc
-    finally:
-        await watch.stop()
+    regs: list[WorkerRegistration] = []
+    for key, value in (await bucket_values(heartbeats)).items():
+        try:
+            regs.append(decode(value, WorkerRegistration))
+        except WireDecodeError as exc:  # one bad entry is not the whole fleet
+            print(f"jetfleet: registration {key} unreadable, left out: {exc}", file=sys.stderr)
     workers: list[dict[str, Any]] = []
     now = time.time()
-    for reg in watch.regs.values():
+    for reg in regs:
         age = now - reg.heartbeat_at_s
         row: dict[str, Any] = {
             "worker_id": reg.worker_id,
