@@ -82,6 +82,7 @@ class ModelTokenizer:
         )
         added = self.tokenizer.get_added_tokens_decoder().items()
         self._special = {t.content: tid for tid, t in added if t.special}
+        self.added_tokens = tuple(t.content for _, t in added)  # special or not
 
     @property
     def vocab_size(self) -> int:

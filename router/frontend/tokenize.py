@@ -43,7 +43,8 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from model.prompt_cache import CacheStats, SegmentCache, verify
+from model.prompt_cache import CacheStats, EncodeBatch, SegmentCache, verify
+from model.split_encode import SplitEncoder, verify_split
 from model.tokenizer import ModelTokenizer
 
 log = structlog.get_logger("jetfleet.frontend")
@@ -79,6 +80,9 @@ class TokenizeConfig:
     shortest always first; very large: first come, first served)."""
     threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     """Batches tokenized at once per lane (default: the cores this process may use)."""
+    split_chars: int = 32768
+    """A prompt of at least twice this many characters is cut into pieces of at least this
+    many, up to ``threads``, tokenized on as many cores at once (0: never)."""
 
 
 class TokenizeMetrics:
@@ -124,8 +128,9 @@ class _Job:
 
 
 class _ModelCache:
-    def __init__(self, cache: SegmentCache | None) -> None:
+    def __init__(self, cache: SegmentCache | None, encode: EncodeBatch) -> None:
         self.cache = cache
+        self.encode = encode  # the tokenizer's encode_batch, or a SplitEncoder over it
         self.seen = CacheStats()
 
 
@@ -248,12 +253,26 @@ class PromptTokenizer:
             mc = self._caches.get(tokenizer)
             if mc is not None:
                 return mc
-            mc = _ModelCache(None)
+            mc = _ModelCache(None, self._encoder(tokenizer))
             if self.cfg.cache_tokens > 0 and tokenizer.special_tokens:
                 cache = SegmentCache(tokenizer.special_tokens, self.cfg.cache_tokens)
                 mc.cache = cache if self._verified(tokenizer, cache) else None
             self._caches[tokenizer] = mc
             return mc
+
+    def _encoder(self, tokenizer: ModelTokenizer) -> EncodeBatch:
+        """The model's ``encode_batch``: one that cuts a long prompt into pieces tokenized on
+        several cores where the cut is checked to change no token (``model/split_encode.py``)."""
+        if self.cfg.split_chars <= 0 or self.cfg.threads < 2:
+            return tokenizer.encode_batch
+        if any(" " in t for t in tokenizer.added_tokens):  # a cut could fall inside one
+            return tokenizer.encode_batch
+        glue = next(iter(tokenizer.special_tokens.items()), None)
+        probes = [*_PROBE, " ".join(_PROBE)]
+        if not verify_split(tokenizer.encode_batch, glue, probes):
+            log.warning("split_tokenizing_disabled", reason="tokenizing in pieces differs")
+            return tokenizer.encode_batch
+        return SplitEncoder(tokenizer.encode_batch, self.cfg.threads, self.cfg.split_chars, glue)
 
     def _verified(self, tokenizer: ModelTokenizer, cache: SegmentCache) -> bool:
         probes: list[str] = []
@@ -295,12 +314,9 @@ class PromptTokenizer:
         for i in texts:
             by_tokenizer.setdefault(id(jobs[i].tokenizer), []).append(i)
         for idx in by_tokenizer.values():
-            tok, mc = jobs[idx[0]].tokenizer, caches[idx[0]]
+            mc = caches[idx[0]]
             batch = [texts[i] for i in idx]
-            if mc.cache is not None:
-                ids = mc.cache.encode(batch, tok.encode_batch)
-            else:
-                ids = tok.encode_batch(batch)
+            ids = mc.cache.encode(batch, mc.encode) if mc.cache is not None else mc.encode(batch)
             for i, tokens in zip(idx, ids, strict=True):
                 out[i] = tokens
         return out, caches

@@ -150,3 +150,48 @@ async def test_repeated_conversations_count_cache_hits(service) -> None:
     )
     assert hits is not None and hits >= 4
     assert cached is not None and cached > 200
+
+
+class PieceCountingTokenizer(CountingTokenizer):
+    """Records how many texts each encode_batch call gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[int] = []
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        self.texts.append(len(texts))
+        return super().encode_batch(texts, add_special_tokens)
+
+
+@pytest.mark.parametrize(("threads", "split_chars", "pieces"), [(2, 32768, 2), (4, 32768, 4),
+                         (4, 0, 1), (1, 32768, 1)])  # fmt: skip
+async def test_a_long_prompt_is_tokenized_in_pieces_on_several_threads(
+    threads: int, split_chars: int, pieces: int
+) -> None:
+    svc = PromptTokenizer(
+        TokenizeConfig(threads=threads, split_chars=split_chars),
+        TokenizeMetrics(CollectorRegistry()),
+    )
+    tok = PieceCountingTokenizer()
+    words = [
+        "naïve",
+        "café",
+        "don't",
+        "12,345",
+        "print('hi')",
+        "日本語",
+        "🎉",
+        "the",
+        "quick",
+        "brown",
+        "fox",
+    ]
+    msgs = [{"role": "user", "content": " ".join(words[i % len(words)] for i in range(40_000))}]
+    text = tok.apply_chat_template(msgs, add_generation_prompt=True)  # ~280 kB
+    try:
+        tokens = await svc.tokenize("m", tok, lambda: text, 200_000, len(text))
+    finally:
+        await svc.stop()
+    assert tokens == tok.encode(text)
+    assert tok.texts[-1] == pieces  # after the checks on probes, the prompt: in this many pieces
