@@ -188,7 +188,10 @@ FRONTEND = ConfigFlags(
 )
 
 TOKENIZE = ConfigFlags(
-    TokenizeConfig, Flag("cache_tokens", "--tokenizer-cache-tokens"), title="HTTP"
+    TokenizeConfig,
+    Flag("cache_tokens", "--tokenizer-cache-tokens"),
+    Flag("split_chars", "--tokenizer-split-chars"),
+    title="HTTP",
 )
 
 FRONTEND_SERVICE = ConfigFlags(

@@ -13,6 +13,13 @@ is passed over only for as long as shorter ones take, at most its size at that r
 60 ms). Pure shortest-first put a trace's 80k+-token prompts last in every burst, 5% on their TTFT,
 which is the tail (docs/benchmarks.md, "Later slices and the synthetic trace").
 
+A prompt of at least twice ``split_chars`` characters is cut into pieces, one a thread, and
+tokenized in one ``encode_batch`` on as many cores (``model/split_encode.py``: cuts only where a
+cut changes no token, checked per tokenizer): a lone 120k-token prompt took 361 ms of one core and
+takes 159 ms on two, and that wait is in its first token. Only the longest prompts are cut: a cut
+prompt takes every core, and the prompts beside it wait (cutting from 64 kB on made a trace's
+prompts below 4k tokens 25% slower to their first token, docs/benchmarks.md).
+
 Each served model gets a ``SegmentCache`` (``model/prompt_cache.py``): a conversation that
 extends an earlier one is tokenized only past what it shares with it. The cache is checked
 against fresh tokenizing on probe conversations when the model is first used; a tokenizer that
@@ -80,9 +87,10 @@ class TokenizeConfig:
     shortest always first; very large: first come, first served)."""
     threads: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     """Batches tokenized at once per lane (default: the cores this process may use)."""
-    split_chars: int = 32768
-    """A prompt of at least twice this many characters is cut into pieces of at least this
-    many, up to ``threads``, tokenized on as many cores at once (0: never)."""
+    split_chars: int = 196608
+    """A prompt of at least twice this many characters (~0.1 s of a core to tokenize) is cut
+    into pieces of at least this many, one a core at most, tokenized on as many cores at once
+    (0: never). Lower, more prompts take every core and the shorter ones wait behind them."""
 
 
 class TokenizeMetrics:
