@@ -273,8 +273,8 @@ class PromptTokenizer:
         several cores where the cut is checked to change no token (``model/split_encode.py``)."""
         if self.cfg.split_chars <= 0 or self.cfg.threads < 2:
             return tokenizer.encode_batch
-        if any(" " in t for t in tokenizer.added_tokens):  # a cut could fall inside one
-            return tokenizer.encode_batch
+        if not tokenizer.added_tokens_bare or tokenizer.tokens_span_spaces():
+            return tokenizer.encode_batch  # a cut could fall inside a token
         glue = next(iter(tokenizer.special_tokens.items()), None)
         probes = [*_PROBE, " ".join(_PROBE)]
         if not verify_split(tokenizer.encode_batch, glue, probes):

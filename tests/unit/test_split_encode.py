@@ -1,24 +1,45 @@
-"""A long prompt cut into pieces tokenizes token for token as the whole text does, on the shipped
-(byte-level) tokenizer; a tokenizer whose tokens span spaces fails the check and is not cut."""
+"""A long prompt cut into pieces tokenizes token for token as the whole text does, on tokenizers
+that merge within words (byte-level BPE with its regex, Metaspace that marks the first word); a
+tokenizer whose tokens span spaces, or an added token that swallows a space, is never cut."""
 
 from __future__ import annotations
 
 import random
 
-from tokenizers import Tokenizer, models
+import pytest
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
 
 from model.split_encode import SplitEncoder, cut_points, verify_split
+from model.tokenizer import ModelTokenizer
+from router.frontend.tokenize import _PROBE, PromptTokenizer, TokenizeConfig, TokenizeMetrics
 from tests.support.tokenizers import shipped_tokenizer
 
 _WORDS = [
     "the", "quick", "brown", "fox", "naïve", "café", "Réponds", "日本語のテキスト", "don't",
     "12,345", "print('hi')", "\n\n", "  ", "\t", "🎉", "x", "é", "-", "ünïcödé", "<|im_end|>",
+    "jumps", "over", "lazy", "dogs", "brownish", "quickly", "thereby",
 ]  # fmt: skip
 
 
 def _text(n_words: int, seed: int = 7) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(_WORDS) for _ in range(n_words))
+
+
+def _trained(kind: str) -> ModelTokenizer:
+    """A small BPE trained here, merges within words: cut mid-word, its tokens change."""
+    tok = Tokenizer(models.BPE())
+    if kind == "byte-level":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        alphabet = []
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|im_end|>"], initial_alphabet=alphabet
+    )
+    tok.train_from_iterator([_text(200, seed) for seed in range(50)], trainer)
+    return ModelTokenizer(tok.to_str())
 
 
 def test_cut_points_fall_on_spaces_between_letters_near_even_shares() -> None:
@@ -32,26 +53,57 @@ def test_cut_points_fall_on_spaces_between_letters_near_even_shares() -> None:
     assert cut_points(text, 1) == []
 
 
-def test_pieces_join_to_the_whole_texts_tokens() -> None:
-    tok = shipped_tokenizer()
+@pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
+def test_pieces_join_to_the_whole_texts_tokens(kind: str) -> None:
+    tok = _trained(kind)
+    text = _text(300)
+    mid_word = next(i for i in range(1, len(text)) if text[i - 1 : i + 1] == "ui")  # "q|uick"
+    cut_mid = tok.encode_batch([text[:mid_word], text[mid_word:]])
+    assert cut_mid[0] + cut_mid[1] != tok.encode_batch([text])[0]  # this tokenizer can tell
     glue = next(iter(tok.special_tokens.items()))
     texts = [_text(6000, seed) for seed in range(3)] + ["short one", ""]
     encoder = SplitEncoder(tok.encode_batch, pieces=4, min_piece_chars=2000, glue=glue)
     assert encoder(texts) == tok.encode_batch(texts)
     assert encoder.split_texts == 3  # the three long texts went in pieces, the short ones whole
     assert verify_split(tok.encode_batch, glue, [_text(300)])
-    assert verify_split(tok.encode_batch, None, [_text(300)])
+    assert not tok.tokens_span_spaces() and tok.added_tokens_bare
 
 
 def test_a_tokenizer_whose_tokens_span_spaces_is_not_cut() -> None:
-    vocab = {"a": 0, "b": 1, " ": 2, "a ": 3, "a b": 4}
-    bpe = Tokenizer(models.BPE(vocab, [("a", " "), ("a ", "b")]))  # no pre-tokenizer at all
+    chars = sorted(set("".join(_PROBE)) | set("zq "))
+    vocab = {c: i for i, c in enumerate(chars)} | {"z ": len(chars), "z q": len(chars) + 1}
+    bpe = Tokenizer(models.BPE(vocab, [("z", " "), ("z ", "q")]))  # no pre-tokenizer at all
 
     def encode_batch(texts: list[str]) -> list[list[int]]:
         return [e.ids for e in bpe.encode_batch(texts, add_special_tokens=False)]
 
-    assert encode_batch(["a b"]) == [[4]]
-    assert not verify_split(encode_batch, None, ["a b a b"])
+    assert encode_batch(["z q"]) == [[len(chars) + 1]]
+    assert not verify_split(encode_batch, None, ["z q z q"])  # when the probes hold "z q"
+    assert verify_split(encode_batch, None, [*_PROBE, " ".join(_PROBE)])  # the frontend's do not
+    tok = ModelTokenizer(bpe.to_str())
+    assert tok.tokens_span_spaces()  # its vocabulary tells
+    tokenizer = PromptTokenizer(TokenizeConfig(threads=2), TokenizeMetrics(_registry()))
+    assert tokenizer._encoder(tok) == tok.encode_batch  # served whole
+
+
+def test_an_added_token_that_swallows_a_space_turns_cutting_off() -> None:
+    tok = _trained("byte-level")
+    tokenizer = PromptTokenizer(TokenizeConfig(threads=2), TokenizeMetrics(_registry()))
+    assert isinstance(tokenizer._encoder(tok), SplitEncoder)
+    tok.tokenizer.add_tokens([AddedToken("Hello", rstrip=True)])
+    swallowing = ModelTokenizer(tok.tokenizer.to_str())
+    text = "x Hello world y " * 3
+    cut = text.index(" world")
+    a, b = swallowing.encode_batch([text[:cut], text[cut:]])
+    assert a + b != swallowing.encode_batch([text])[0]  # a cut there would be wrong
+    assert not swallowing.added_tokens_bare
+    assert tokenizer._encoder(swallowing) == swallowing.encode_batch  # so it is served whole
+
+
+def test_the_shipped_tokenizer_is_cut() -> None:
+    tok = shipped_tokenizer()
+    tokenizer = PromptTokenizer(TokenizeConfig(threads=2), TokenizeMetrics(_registry()))
+    assert isinstance(tokenizer._encoder(tok), SplitEncoder)
 
 
 def test_a_piece_whose_glue_does_not_come_back_is_tokenized_whole() -> None:
@@ -68,3 +120,9 @@ def test_a_piece_whose_glue_does_not_come_back_is_tokenized_whole() -> None:
     calls.clear()
     assert wrong([text]) == [[ord(c) for c in text]]
     assert [len(c) for c in calls] == [2, 1]  # the pieces, then the whole text again
+
+
+def _registry():  # type: ignore[no-untyped-def]
+    from prometheus_client import CollectorRegistry
+
+    return CollectorRegistry()
