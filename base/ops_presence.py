@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry
 
+from base.cancelling import cancel_and_wait
 from base.ops_http import HealthCheck, start_ops_server
 from schemas.discovery import OpsEndpoint
 from schemas.streams import OPS_BUCKET
@@ -77,8 +78,7 @@ class OpsPresence:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None
         if self._kv is not None:
             with contextlib.suppress(Exception):  # it expires anyway
@@ -144,6 +144,5 @@ class OpsDirectory:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
             self._task = None

@@ -26,6 +26,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
+from base.cancelling import cancel_and_wait
 from base.worker_watch import WorkerWatch
 from schemas import Subjects, WireDecodeError, WorkerRegistration, decode
 from schemas.streams import WORKERS_BUCKET
@@ -73,10 +74,7 @@ class FleetFollower:
         await self.synced.wait()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         await self._judge(False)
         if self._sub is not None:
             with contextlib.suppress(Exception):

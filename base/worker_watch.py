@@ -26,6 +26,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
+from base.cancelling import cancel_and_wait
 from base.kv_read import bucket_keys
 from schemas import Subjects, WireDecodeError, WorkerRegistration, decode, encode
 from schemas.discovery import BY_HAND
@@ -161,10 +162,7 @@ class WorkerWatch:
         await self.synced.wait()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         if self._watcher is not None:
             with contextlib.suppress(Exception):
                 await self._watcher.stop()  # type: ignore[no-untyped-call]

@@ -61,6 +61,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
+from base.cancelling import cancel_and_wait
 from router.disagg import (
     DisaggConfig,
     Placement,
@@ -149,9 +150,7 @@ class FleetClient:
 
     async def stop(self) -> None:
         if self._watchdog is not None:
-            self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+            await cancel_and_wait([self._watchdog])
 
     # ------------------------------------------------------------------ routing
     async def route(self, request: Request, exclude: Sequence[str], leg: Leg) -> Routed:

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from base.cancelling import cancel_and_wait
 from base.worker_follow import FleetFollower
 from model.tokenizer import ModelTokenizer
 from router.fleet_state import FleetState
@@ -109,11 +110,7 @@ class Discovery:
 
     async def stop(self) -> None:
         await self.watch.stop()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._tasks)
         if self._models_watch is not None:
             with contextlib.suppress(Exception):
                 await self._models_watch.stop()

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 import structlog
 from nats.aio.client import Client as NATS
 
+from base.cancelling import cancel_and_wait
 from base.connect import sever_nats
 from schemas import Subjects, TokenChunk, decode
 
@@ -84,9 +85,7 @@ class ConnectionProbe:
             self._fences.remove(fence)
             if not self._fences and self._task is not None:
                 task, self._task = self._task, None
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait([task])
 
     async def _run(self) -> None:
         while self._fences:  # (a cancel swallowed by the flush's wait_for: ends here)

@@ -28,6 +28,7 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from base.cancelling import cancel_and_wait
 from base.consume import Fetch, pull_loop
 from schemas import Subjects
 from schemas.streams import pool_consumer
@@ -72,9 +73,7 @@ class PoolFeed:
             self.capacity.set()  # the others' room is what counts now
             if not self._members and self._task is not None:
                 task, self._task = self._task, None
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait([task])
 
     def free_slots(self) -> int:
         return sum(max(m.free_slots(), 0) for m in self._members)

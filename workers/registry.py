@@ -22,6 +22,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from base.cancelling import cancel_and_wait
 from model.card import LocalModel, to_model_card
 from schemas import ModelCard, WorkerLoad, WorkerRegistration, encode, model_token
 from schemas.discovery import WorkerStatus
@@ -147,9 +148,7 @@ class Registry:
     async def deregister(self) -> None:
         self._beating = False
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
         if self._kv is not None:
             with contextlib.suppress(Exception):
                 await self._kv.delete(self.cfg.worker_id)

@@ -29,6 +29,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from base.cancelling import cancel_and_wait
 from base.tracing import Tracing
 from schemas import CancelRequested, ControlReply, ControlRequest, WireDecodeError, decode, encode
 from schemas.control import CONTROL_OPS, kv_release
@@ -136,11 +137,7 @@ class WorkerRuntime:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         await self.intake.delete_consumer()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_and_wait(self._tasks)
         await self.engine.stop()
         self.reporter.publish_kv()  # the last events, without waiting for their window
         await self.reporter.publish_load(force=True)

@@ -50,6 +50,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from base.cancelling import cancel_and_wait
 from model.prompt_cache import CacheStats, EncodeBatch, SegmentCache, verify
 from model.split_encode import SplitEncoder, verify_split
 from model.tokenizer import ModelTokenizer
@@ -165,9 +166,7 @@ class PromptTokenizer:
             self._tasks.append(asyncio.create_task(self._dispatch(lane), name=f"tokenize-{lane}"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         for pool in self._pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
 

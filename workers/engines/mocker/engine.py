@@ -12,7 +12,6 @@ to the event loop once per step and the fleet's own overhead is what remains.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 import structlog
 import xxhash
 
+from base.cancelling import cancel_and_wait
 from model.structured import Unsatisfiable, render
 from schemas.requests import StructuredOutput
 from schemas.tokens import TokenLogprob
@@ -125,9 +125,7 @@ class MockerEngine:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
 
     def add_request(self, request: EngineRequest, sink: OutputSink) -> None:

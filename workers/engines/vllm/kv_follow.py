@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
+from base.cancelling import cancel_and_wait
 from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engine import KvListener
 from workers.engines.vllm.cache_shadow import CacheShadow
@@ -86,8 +87,7 @@ class KvFollower:
         self._llm = None
         task, self._reset_task = self._reset_task, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
         if self.subscriber is not None:
             await self.subscriber.close()
             self.subscriber = None

@@ -21,7 +21,6 @@ Callbacks run on the event loop, between awaits of this task; they must not bloc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +29,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from base.cancelling import cancel_and_wait
 from schemas.kv_events import AllBlocksCleared, KvCacheEvent
 from workers.engines.vllm.kv_events import (
     DecodedBatch,
@@ -105,9 +105,7 @@ class KvEventSubscriber:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         for sock in (self._sub, self._replay):
             if sock is not None:
