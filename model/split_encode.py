@@ -24,9 +24,10 @@ meanwhile waits for a piece to finish: only prompts of 0.1 s of a core or more a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Sequence
 
-EncodeBatch = Callable[[list[str]], list[list[int]]]
+from model.prompt_cache import EncodeBatch
 
 
 def _between_letters(text: str, at: int) -> bool:
@@ -68,7 +69,8 @@ class SplitEncoder:
         self.pieces = pieces
         self.min_piece_chars = min_piece_chars
         self.glue = glue
-        self.split_texts = 0  # texts tokenized in pieces (read by tests; not locked)
+        self.split_texts = 0  # texts tokenized in pieces (a frontend's metric counts them)
+        self._count_lock = threading.Lock()  # (called from several threads)
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
         spans: list[tuple[int, int]] = []  # per text: its pieces' range in ``parts``
@@ -85,6 +87,7 @@ class SplitEncoder:
             return self._encode_batch(texts)
         ids = self._encode_batch(parts)
         out: list[list[int]] = []
+        split = 0
         whole: list[int] = []  # texts whose glue did not come back first: tokenized whole
         for t, (a, b) in enumerate(spans):
             joined = list(ids[a])
@@ -97,7 +100,9 @@ class SplitEncoder:
                 else:
                     joined.extend(piece)
             out.append(joined)
-            self.split_texts += b - a > 1
+            split += b - a > 1
+        with self._count_lock:
+            self.split_texts += split
         if whole:
             for t, again in zip(whole, self._encode_batch([texts[t] for t in whole]), strict=True):
                 out[t] = again

@@ -120,6 +120,12 @@ class TokenizeMetrics:
         self.cached_tokens = Counter(
             f"{ns}_cached_tokens", "Prompt tokens not tokenized again", ["model"], registry=registry
         )
+        self.split_prompts = Counter(
+            f"{ns}_split_prompts",
+            "Long prompts tokenized in pieces on several cores",
+            ["model"],
+            registry=registry,
+        )
         self.tokens = Counter(
             f"{ns}_tokens", "Prompt tokens produced", ["model"], registry=registry
         )
@@ -141,6 +147,7 @@ class _ModelCache:
         self.cache = cache
         self.encode = encode  # the tokenizer's encode_batch, or a SplitEncoder over it
         self.seen = CacheStats()
+        self.split_seen = 0  # the SplitEncoder's count already in the metric
 
 
 class PromptTokenizer:
@@ -296,6 +303,10 @@ class PromptTokenizer:
         return ok
 
     def _count(self, model: str, mc: _ModelCache) -> None:
+        if isinstance(mc.encode, SplitEncoder):
+            split = mc.encode.split_texts
+            self.metrics.split_prompts.labels(model).inc(split - mc.split_seen)
+            mc.split_seen = split
         if mc.cache is None:
             return
         now, seen = mc.cache.stats, mc.seen

@@ -16,6 +16,7 @@ from router.frontend.tokenize import (
     TokenizeConfig,
     TokenizeMetrics,
 )
+from tests.support.tokenizers import trained_bpe, words_text
 
 
 class CountingTokenizer(ModelTokenizer):
@@ -152,11 +153,12 @@ async def test_repeated_conversations_count_cache_hits(service) -> None:
     assert cached is not None and cached > 200
 
 
-class PieceCountingTokenizer(CountingTokenizer):
-    """Records how many texts each encode_batch call gets."""
+class PieceCounting(ModelTokenizer):
+    """A BPE trained on words (a cut inside one changes its tokens), recording how many texts
+    each encode_batch call gets."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(trained_bpe("byte-level").tokenizer.to_str())
         self.texts: list[int] = []
 
     def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
@@ -169,29 +171,19 @@ class PieceCountingTokenizer(CountingTokenizer):
 async def test_a_long_prompt_is_tokenized_in_pieces_on_several_threads(
     threads: int, split_chars: int, pieces: int
 ) -> None:
+    registry = CollectorRegistry()
     svc = PromptTokenizer(
-        TokenizeConfig(threads=threads, split_chars=split_chars),
-        TokenizeMetrics(CollectorRegistry()),
+        TokenizeConfig(threads=threads, split_chars=split_chars), TokenizeMetrics(registry)
     )
-    tok = PieceCountingTokenizer()
-    words = [
-        "naïve",
-        "café",
-        "don't",
-        "12,345",
-        "print('hi')",
-        "日本語",
-        "🎉",
-        "the",
-        "quick",
-        "brown",
-        "fox",
-    ]
-    msgs = [{"role": "user", "content": " ".join(words[i % len(words)] for i in range(40_000))}]
-    text = tok.apply_chat_template(msgs, add_generation_prompt=True)  # ~280 kB
+    tok = PieceCounting()
+    text = words_text(40_000)  # ~260 kB
     try:
         tokens = await svc.tokenize("m", tok, lambda: text, 200_000, len(text))
     finally:
         await svc.stop()
     assert tokens == tok.encode(text)
     assert tok.texts[-1] == pieces  # after the checks on probes, the prompt: in this many pieces
+    split = registry.get_sample_value(
+        "jetfleet_frontend_tokenizer_split_prompts_total", {"model": "m"}
+    )
+    assert (split or 0) == (pieces > 1)

@@ -4,46 +4,17 @@ tokenizer whose tokens span spaces, or an added token that swallows a space, is 
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, models
 
 from model.split_encode import SplitEncoder, cut_points, verify_split
 from model.tokenizer import ModelTokenizer
 from router.frontend.tokenize import _PROBE, PromptTokenizer, TokenizeConfig, TokenizeMetrics
-from tests.support.tokenizers import shipped_tokenizer
-
-_WORDS = [
-    "the", "quick", "brown", "fox", "naïve", "café", "Réponds", "日本語のテキスト", "don't",
-    "12,345", "print('hi')", "\n\n", "  ", "\t", "🎉", "x", "é", "-", "ünïcödé", "<|im_end|>",
-    "jumps", "over", "lazy", "dogs", "brownish", "quickly", "thereby",
-]  # fmt: skip
-
-
-def _text(n_words: int, seed: int = 7) -> str:
-    rng = random.Random(seed)
-    return " ".join(rng.choice(_WORDS) for _ in range(n_words))
-
-
-def _trained(kind: str) -> ModelTokenizer:
-    """A small BPE trained here, merges within words: cut mid-word, its tokens change."""
-    tok = Tokenizer(models.BPE())
-    if kind == "byte-level":
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
-        alphabet = []
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|im_end|>"], initial_alphabet=alphabet
-    )
-    tok.train_from_iterator([_text(200, seed) for seed in range(50)], trainer)
-    return ModelTokenizer(tok.to_str())
+from tests.support.tokenizers import shipped_tokenizer, trained_bpe, words_text
 
 
 def test_cut_points_fall_on_spaces_between_letters_near_even_shares() -> None:
-    text = _text(4000)
+    text = words_text(4000)
     cuts = cut_points(text, 4)
     assert len(cuts) == 3 and cuts == sorted(cuts)
     for k, at in enumerate(cuts, start=1):
@@ -55,17 +26,17 @@ def test_cut_points_fall_on_spaces_between_letters_near_even_shares() -> None:
 
 @pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
 def test_pieces_join_to_the_whole_texts_tokens(kind: str) -> None:
-    tok = _trained(kind)
-    text = _text(300)
+    tok = trained_bpe(kind)
+    text = words_text(300)
     mid_word = next(i for i in range(1, len(text)) if text[i - 1 : i + 1] == "ui")  # "q|uick"
     cut_mid = tok.encode_batch([text[:mid_word], text[mid_word:]])
     assert cut_mid[0] + cut_mid[1] != tok.encode_batch([text])[0]  # this tokenizer can tell
     glue = next(iter(tok.special_tokens.items()))
-    texts = [_text(6000, seed) for seed in range(3)] + ["short one", ""]
+    texts = [words_text(6000, seed) for seed in range(3)] + ["short one", ""]
     encoder = SplitEncoder(tok.encode_batch, pieces=4, min_piece_chars=2000, glue=glue)
     assert encoder(texts) == tok.encode_batch(texts)
     assert encoder.split_texts == 3  # the three long texts went in pieces, the short ones whole
-    assert verify_split(tok.encode_batch, glue, [_text(300)])
+    assert verify_split(tok.encode_batch, glue, [words_text(300)])
     assert not tok.tokens_span_spaces() and tok.added_tokens_bare
 
 
@@ -87,7 +58,7 @@ def test_a_tokenizer_whose_tokens_span_spaces_is_not_cut() -> None:
 
 
 def test_an_added_token_that_swallows_a_space_turns_cutting_off() -> None:
-    tok = _trained("byte-level")
+    tok = trained_bpe("byte-level")
     tokenizer = PromptTokenizer(TokenizeConfig(threads=2), TokenizeMetrics(_registry()))
     assert isinstance(tokenizer._encoder(tok), SplitEncoder)
     tok.tokenizer.add_tokens([AddedToken("Hello", rstrip=True)])
