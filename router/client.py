@@ -78,6 +78,7 @@ from router.generation import (
     Routed,
     with_route,
 )
+from router.hold_queue import HoldKey, HoldQueue
 from router.policies import RouteQuery, Router
 from router.prefill_leg import PrefillLeg, prefill_request
 from router.token_stream import StoredChunks, TokenStream
@@ -89,6 +90,8 @@ from schemas.trace import HEADER as TRACE_HEADER
 
 log = structlog.get_logger("jetfleet.router")
 
+HOLD_PUMP_S = 0.02  # how often held requests look for room (load reports come every 0.25 s)
+
 
 @dataclass(frozen=True)
 class ClientConfig:
@@ -96,6 +99,9 @@ class ClientConfig:
     stall_timeout_s: float = 60.0
     max_attempts: int = 3  # first try + migrations
     max_waiting_per_worker: int = 64  # shed when every worker holds capacity + this
+    hold_waiting_per_worker: int = 8
+    """Once every worker has this many requests waiting for a slot, new ones wait in the
+    frontend until a worker has room, so a worker that joins takes them (0: never)."""
     wait_for_worker_s: float = 5.0  # with no live worker for the model, wait this long, then 503
     publish_retry_s: float = 10.0
     """A request the stream does not confirm (its leader moved: a NATS node lost, an election)
@@ -143,14 +149,17 @@ class FleetClient:
         self.active: dict[str, _InFlight] = {}
         self._background: set[asyncio.Task[None]] = set()  # first-token releases, catch-ups
         self._watchdog: asyncio.Task[None] | None = None
+        self._holds = HoldQueue()
+        self._hold_pump: asyncio.Task[None] | None = None
+        self.on_held: Callable[[int], None] = lambda _n: None  # requests held now (a gauge)
         state.on_departure(self.worker_gone)
 
     def start(self) -> None:
         self._watchdog = asyncio.create_task(self._watch(), name="stall-watchdog")
 
     async def stop(self) -> None:
-        if self._watchdog is not None:
-            await cancel_and_wait([self._watchdog])
+        tasks = [t for t in (self._watchdog, self._hold_pump) if t is not None]
+        await cancel_and_wait(tasks)
 
     # ------------------------------------------------------------------ routing
     async def route(self, request: Request, exclude: Sequence[str], leg: Leg) -> Routed:
@@ -169,7 +178,8 @@ class FleetClient:
         return self.subjects.req_worker(request.model, decision.worker_id), decision
 
     def check_capacity(self, model: str, leg: Leg, lora: str | None = None) -> None:
-        if self.state.saturated(model, leg.roles, self.cfg.max_waiting_per_worker, lora):
+        held = self._holds.held[(model, leg.roles, lora)]
+        if self.state.saturated(model, leg.roles, self.cfg.max_waiting_per_worker, lora, held):
             raise OverloadedError(f"every worker serving {model!r} is saturated")
 
     async def publish(self, request: Request, subject: str, traceparent: str | None) -> None:
@@ -205,7 +215,58 @@ class FleetClient:
         result to ``launch``, or to ``unroute`` when the request will not go there."""
         await self._wait_for_worker(request.model, leg, request.lora_name)
         self.check_capacity(request.model, leg, request.lora_name)
-        return await self.route(request, [], leg)
+        key: HoldKey = (request.model, leg.roles, request.lora_name)
+        held = await self._hold(request, leg, key)
+        try:
+            return await self.route(request, [], leg)
+        finally:
+            if held:
+                self._holds.routed(key)
+
+    # ------------------------------------------------------------------ holding
+    @property
+    def held_requests(self) -> int:
+        return len(self._holds)
+
+    async def _hold(self, request: Request, leg: Leg, key: HoldKey) -> bool:
+        """Wait here while every candidate has a queue (``router/hold_queue.py``); whether
+        the request was held (it is then pending in the queue until routed)."""
+        per = self.cfg.hold_waiting_per_worker
+        if per <= 0 or self.router is None or leg.remote_prefill:
+            return False  # (a pool's workers pull only what they have room for)
+        if key not in self._holds.held and self._room(key) > self._holds.pending[key]:
+            return False
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._holds.hold(key, request.priority, waiter)
+        self._release_held()
+        if not waiter.done() and (self._hold_pump is None or self._hold_pump.done()):
+            self._hold_pump = asyncio.create_task(self._pump_held(), name="hold-pump")
+        self.on_held(len(self._holds))
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # let go as its caller was cancelled
+                self._holds.routed(key)
+            else:
+                waiter.cancel()
+                self._holds.forget(key)
+                self.on_held(len(self._holds))
+            raise
+        return True
+
+    def _room(self, key: HoldKey) -> int:
+        return self.state.room(*key, self.cfg.hold_waiting_per_worker)
+
+    def _release_held(self) -> None:
+        if len(self._holds) and self._holds.release(self._room):
+            self.on_held(len(self._holds))
+
+    async def _pump_held(self) -> None:
+        """While requests are held: let them go as load reports and joins make room (a request
+        that finishes here lets them go at once, ``release``)."""
+        while len(self._holds):
+            await asyncio.sleep(HOLD_PUMP_S)
+            self._release_held()
 
     async def unroute(self, request_id: str) -> None:
         """Drop the reservation of a ``route_request`` whose request was not sent."""
@@ -373,6 +434,7 @@ class FleetClient:
         if entry is None:
             return
         self.state.count(worker_id, -1, entry.gen.leg.remote_prefill)
+        self._release_held()
         if self.router is not None:
             try:
                 await self.router.finished(request_id)

@@ -28,6 +28,7 @@ class WorkerView:
     progress_at: float = 0.0  # local monotonic time its engine step count last moved
     in_flight: int = 0  # requests this router sent that have not finished
     remote_prefills: int = 0  # of those, remote prefills (a disaggregated prefill pool's queue)
+    since_load: int = 0  # requests this router sent it less those that ended, since its report
 
     @property
     def worker_id(self) -> str:
@@ -41,6 +42,17 @@ class WorkerView:
         """Requests on the worker as best known: the larger of the report and our own count."""
         reported = 0 if self.load is None else self.load.num_running + self.load.num_waiting
         return max(reported, self.in_flight)
+
+    def queue_depth(self) -> int:
+        """Requests waiting on the worker for a slot, as best known (negative: free slots):
+        beyond its ``max_num_seqs`` (its last report, plus what was sent since less what ended),
+        or, when that report had some waiting (its KV cache full), those plus what was sent since
+        (they wait too) less what ended (a slot freed)."""
+        load, since = self.load, self.since_load
+        reported = 0 if load is None else load.num_running + load.num_waiting
+        beyond = max(self.in_flight, reported + since) - self.capacity
+        waiting = 0 if load is None else load.num_waiting
+        return max(beyond, waiting + since) if waiting > 0 else beyond
 
 
 def _serving(reg: WorkerRegistration) -> tuple[object, ...]:
@@ -84,6 +96,7 @@ class FleetState:
         view = self.workers.get(worker_id) if worker_id else None
         if view is not None:
             view.in_flight = max(view.in_flight + delta, 0)
+            view.since_load += delta
             if remote_prefill:
                 view.remote_prefills = max(view.remote_prefills + delta, 0)
 
@@ -95,6 +108,7 @@ class FleetState:
                 view.progress_at = now
             view.load = load
             view.load_at = now
+            view.since_load = 0
 
     def progress_at(self, worker_id: str) -> float:
         """When the worker's engine last took a step, as its load reports show (0: never
@@ -153,9 +167,20 @@ class FleetState:
         role: str | tuple[str, ...],
         max_waiting_per_worker: int,
         lora: str | None = None,
+        held: int = 0,
     ) -> bool:
-        """True when every candidate holds more than capacity + the waiting bound."""
+        """True when the candidates hold capacity + the waiting bound each, counting ``held``
+        (requests a frontend holds for them) into the room they have left."""
         cands = self.candidates(model, role, lora=lora)
         if not cands:
             return False
-        return all(v.queued_estimate() >= v.capacity + max_waiting_per_worker for v in cands)
+        bound = max_waiting_per_worker
+        return sum(max(v.capacity + bound - v.queued_estimate(), 0) for v in cands) <= held
+
+    def room(
+        self, model: str, role: str | tuple[str, ...], lora: str | None, waiting_per_worker: int
+    ) -> int:
+        """How many more requests the candidates take before each has ``waiting_per_worker``
+        waiting for a slot (``WorkerView.queue_depth``): their free slots and that many more."""
+        cands = self.candidates(model, role, lora=lora)
+        return sum(max(waiting_per_worker - v.queue_depth(), 0) for v in cands)

@@ -154,6 +154,7 @@ CLIENT = ConfigFlags(
     "stall_timeout_s",
     "max_attempts",
     "max_waiting_per_worker",
+    "hold_waiting_per_worker",
     "wait_for_worker_s",
     title="requests in flight",
 )

@@ -74,6 +74,12 @@ class FrontendMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.held = Gauge(
+            f"{ns}_held_requests",
+            "Requests held here while every worker that could serve them has a queue",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.ttft = Histogram(
             f"{ns}_time_to_first_token_seconds",
             "Accept to the first token",

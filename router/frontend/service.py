@@ -79,6 +79,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     stack = await RoutingStack.open(
         cfg.stack, cfg.frontend_id, metrics.count_placement, metrics.count_worker_change
     )
+    stack.client.on_held = metrics.held.set
     app = Frontend(
         cfg.http,
         stack.discovery,

@@ -3,13 +3,18 @@ fleet state, and one way to learn that a worker left (the fleet state's removal)
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from unittest.mock import AsyncMock, MagicMock
 
-from router.client import ClientConfig, FleetClient
+import pytest
+
+from router.client import ClientConfig, FleetClient, OverloadedError
 from router.fleet_state import FleetState
+from router.policies import LeastLoaded, LocalRouter
 from schemas import Request, RouteDecision, SamplingParams, Subjects, TokenChunk
 from tests.support.builders import fleet_state, registration
+from tests.support.wait import wait_for
 
 
 def _client(state: FleetState) -> FleetClient:
@@ -66,3 +71,62 @@ async def test_a_request_is_released_before_its_caller_sees_the_final_chunk() ->
     async for chunk in gen:
         seen.append((chunk.finish_reason, state.workers["w1"].in_flight, set(client.active)))
     assert seen == [(None, 1, {"a"}), ("length", 0, set())]
+
+
+def _routing_client(state: FleetState, **cfg: Any) -> tuple[FleetClient, list[int]]:
+    """A client with a least-loaded router (nothing held in Redis), recording the held gauge."""
+    nc: Any = MagicMock()
+    nc.subscribe = AsyncMock(return_value=MagicMock(unsubscribe=AsyncMock()))
+    nc.publish = AsyncMock()
+    router = LocalRouter(LeastLoaded(seed=1))
+    client = FleetClient(nc, Subjects("t"), state, router, ClientConfig(**cfg))
+    client.publish = AsyncMock()  # type: ignore[method-assign]
+    gauge: list[int] = []
+    client.on_held = gauge.append
+    return client, gauge
+
+
+async def test_requests_wait_here_while_every_worker_has_a_queue_and_go_as_room_comes() -> None:
+    state = fleet_state(registration("w1", max_num_seqs=1))
+    client, gauge = _routing_client(state, hold_waiting_per_worker=1)
+    first = await client.generate(_request("a"))  # the slot
+    await client.generate(_request("b"))  # waits on w1 for the slot
+    held = [asyncio.create_task(client.generate(_request(r))) for r in ("c", "d", "e")]
+    await wait_for(lambda: client.held_requests == 3, timeout=2)
+    assert not any(t.done() for t in held) and gauge[-1] == 3
+    # the client of one leaves: it is forgotten, the others keep their places
+    held[2].cancel()
+    await asyncio.gather(held[2], return_exceptions=True)
+    assert client.held_requests == 2 and gauge[-1] == 2
+    # one finishes: one goes at once, in arrival order
+    await first.cancel()
+    await wait_for(lambda: held[0].done(), timeout=2)
+    assert not held[1].done() and held[0].result().worker_id == "w1"
+    # a worker joins: the last one goes to it
+    state.upsert(registration("w2", max_num_seqs=4))
+    gen = await asyncio.wait_for(held[1], 2)
+    assert gen.worker_id == "w2" and client.held_requests == 0 and gauge[-1] == 0
+    await client.stop()
+
+
+async def test_the_held_count_toward_shedding() -> None:
+    state = fleet_state(registration("w1", max_num_seqs=1))
+    client, _ = _routing_client(state, hold_waiting_per_worker=1, max_waiting_per_worker=3)
+    for rid in ("a", "b"):
+        await client.generate(_request(rid))  # the slot and one waiting
+    held = [asyncio.create_task(client.generate(_request(r))) for r in ("c", "d")]
+    await wait_for(lambda: client.held_requests == 2, timeout=2)  # 1 + 3 = 4 accepted
+    with pytest.raises(OverloadedError):
+        await client.generate(_request("e"))
+    for t in held:
+        t.cancel()
+    await asyncio.gather(*held, return_exceptions=True)
+    await client.stop()
+
+
+async def test_holding_off_sends_every_request_to_wait_on_a_worker() -> None:
+    state = fleet_state(registration("w1", max_num_seqs=1))
+    client, _ = _routing_client(state, hold_waiting_per_worker=0)
+    for rid in "abcde":
+        await asyncio.wait_for(client.generate(_request(rid)), 2)
+    assert state.workers["w1"].in_flight == 5 and client.held_requests == 0
