@@ -218,6 +218,8 @@ class FleetClient:
         key: HoldKey = (request.model, leg.roles, request.lora_name)
         held = await self._hold(request, leg, key)
         try:
+            if held:  # let go because its workers all left: wait for one as a new request does
+                await self._wait_for_worker(request.model, leg, request.lora_name)
             return await self.route(request, [], leg)
         finally:
             if held:
@@ -255,7 +257,10 @@ class FleetClient:
         return True
 
     def _room(self, key: HoldKey) -> int:
-        return self.state.room(*key, self.cfg.hold_waiting_per_worker)
+        model, roles, lora = key
+        if not self.state.candidates(model, roles, lora=lora):  # none left: on to wait, then 503
+            return self._holds.held[key]
+        return self.state.room(model, roles, lora, self.cfg.hold_waiting_per_worker)
 
     def _release_held(self) -> None:
         if len(self._holds) and self._holds.release(self._room):

@@ -9,7 +9,7 @@ from unittest.mock import AsyncMock, MagicMock
 
 import pytest
 
-from router.client import ClientConfig, FleetClient, OverloadedError
+from router.client import ClientConfig, FleetClient, NoWorkersError, OverloadedError
 from router.fleet_state import FleetState
 from router.policies import LeastLoaded, LocalRouter
 from schemas import Request, RouteDecision, SamplingParams, Subjects, TokenChunk
@@ -130,3 +130,17 @@ async def test_holding_off_sends_every_request_to_wait_on_a_worker() -> None:
     for rid in "abcde":
         await asyncio.wait_for(client.generate(_request(rid)), 2)
     assert state.workers["w1"].in_flight == 5 and client.held_requests == 0
+
+
+async def test_held_requests_of_a_fleet_that_left_end_as_new_ones_do() -> None:
+    state = fleet_state(registration("w1", max_num_seqs=1))
+    client, _ = _routing_client(state, hold_waiting_per_worker=1, wait_for_worker_s=0.2)
+    for rid in ("a", "b"):
+        await client.generate(_request(rid))
+    held = asyncio.create_task(client.generate(_request("c")))
+    await wait_for(lambda: client.held_requests == 1, timeout=2)
+    state.remove("w1")  # the last worker leaves
+    with pytest.raises(NoWorkersError):
+        await asyncio.wait_for(held, 2)
+    assert client.held_requests == 0
+    await client.stop()
