@@ -317,3 +317,12 @@ def test_batch_beside_bench():
     assert d["alone"]["ttft_p99_ms"] > 0 and d["beside"]["ttft_p99_ms"] > 0
     assert d["batch"]["status"] == "completed"
     assert d["batch"]["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
+
+
+def test_scale_out_bench():
+    d = run_bench(
+        "scale_out", "--sittings", "1", "--seconds", "3", "--join-at", "1", "--max-num-seqs", "2"
+    )
+    assert [m["hold_waiting_per_worker"] for m in d["medians"]] == [8, 0]
+    for run in d["runs"]:
+        assert run["all"]["requests"] > 0 and run["capacity_rps"] > 0
