@@ -9,15 +9,19 @@ once) and in the operations presence (a CI run timed out in its stop).
 
 ``cancel_and_wait`` sends the cancel again until each task has ended: a loop with no other stop
 condition ends at its next await. It is for tasks whose ``finally`` does not await long (a
-second cancel would interrupt it); a task with such cleanup ends on a flag of its own.
+second cancel would interrupt it); a task with such cleanup ends on a flag of its own. What a
+task failed with is logged, not raised: a stop goes on whatever its loops met.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Iterable
 from typing import Any
+
+import structlog
+
+log = structlog.get_logger("jetfleet.tasks")
 
 RESEND_S = 0.5
 
@@ -26,8 +30,10 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], resend_s: float = 
     """Cancel ``tasks`` and wait until every one has ended, cancelling again each ``resend_s``
     those still running. Their results and errors are dropped. Cancelled while it waits, it
     still sees them end (with more cancels), then raises ``CancelledError``: a caller's stop
-    leaves nothing running behind it."""
-    all_tasks = list(tasks)
+    leaves nothing running behind it. A task that had failed is logged (its error is not
+    raised: the stop goes on)."""
+    current = asyncio.current_task()
+    all_tasks = [t for t in tasks if t is not current]  # (itself: it would never end)
     pending = {t for t in all_tasks if not t.done()}
     interrupted = False
     while pending:
@@ -38,8 +44,7 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], resend_s: float = 
         except asyncio.CancelledError:
             interrupted = True
     for task in all_tasks:
-        if task.done() and not task.cancelled():
-            with contextlib.suppress(BaseException):
-                task.exception()  # retrieved: no "exception was never retrieved" at exit
+        if task.done() and not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("task_failed", task=task.get_name(), error=repr(error))
     if interrupted:
         raise asyncio.CancelledError

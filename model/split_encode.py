@@ -101,8 +101,8 @@ class SplitEncoder:
                     joined.extend(piece)
             out.append(joined)
             split += b - a > 1
-        with self._count_lock:
-            self.split_texts += split
+        with self._count_lock:  # (those whose glue did not come back were tokenized whole)
+            self.split_texts += split - len(whole)
         if whole:
             for t, again in zip(whole, self._encode_batch([texts[t] for t in whole]), strict=True):
                 out[t] = again

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import pytest
+import structlog
 
 from base.cancelling import cancel_and_wait
 from base.ops_presence import OpsPresence
@@ -94,34 +95,45 @@ async def test_a_loop_whose_cancel_was_lost_is_cancelled_again() -> None:
 
 
 async def test_cancelled_while_it_waits_it_still_sees_the_tasks_end() -> None:
-    ended = asyncio.Event()
+    lost = asyncio.Event()
 
-    async def slow_to_end() -> None:
+    async def ends_at_the_second_cancel() -> None:
         try:
             await asyncio.Event().wait()
-        finally:
-            await asyncio.shield(asyncio.sleep(0.1))  # cleanup a cancel does not cut short
-            ended.set()
+        except asyncio.CancelledError:  # as a cancel lost in wait_for: it goes on
+            lost.set()
+            await asyncio.Event().wait()
 
-    task = asyncio.create_task(slow_to_end())
-    await asyncio.sleep(0)
-    stopping = asyncio.create_task(cancel_and_wait([task], resend_s=0.02))
-    await asyncio.sleep(0.01)
-    stopping.cancel()
+    task = asyncio.create_task(ends_at_the_second_cancel())
+    await asyncio.sleep(0)  # (it starts)
+    stopping = asyncio.create_task(cancel_and_wait([task], resend_s=0.05))
+    await lost.wait()
+    stopping.cancel()  # the caller's stop is cancelled while the task runs on
+    assert not task.done()
     with pytest.raises(asyncio.CancelledError):
         await stopping
     assert task.done()  # it did not return before the task ended
 
 
-async def test_errors_of_the_tasks_are_not_raised_nor_left_unretrieved() -> None:
+async def test_a_task_that_failed_is_logged_not_raised() -> None:
     async def fails() -> None:
-        await asyncio.sleep(0)
         raise RuntimeError("boom")
 
-    task = asyncio.create_task(fails())
-    await asyncio.sleep(0.01)
-    await cancel_and_wait([task, task])  # done already: nothing to cancel
-    assert task.done() and not task.cancelled()
+    task = asyncio.create_task(fails(), name="sampler")
+    await asyncio.wait({task})
+    with structlog.testing.capture_logs() as logs:
+        await cancel_and_wait([task, task])  # done already: nothing to cancel
+    assert [(e["event"], e["task"]) for e in logs] == [("task_failed", "sampler")] * 2
+    assert "boom" in logs[0]["error"]
+
+
+async def test_its_own_task_is_not_waited_for() -> None:
+    async def stops_itself() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        await cancel_and_wait([me])
+
+    await asyncio.wait_for(stops_itself(), 2)
 
 
 async def test_the_presence_stops_when_its_put_swallowed_the_cancel() -> None:
