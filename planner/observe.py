@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from planner.config import IntervalObservation
-from schemas.metrics import RequestObservation, WorkerLoad
+from schemas.metrics import HeldRequests, RequestObservation, WorkerLoad
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -43,8 +43,11 @@ def summarize(
     loads: Iterable[WorkerLoad],
     replicas: Mapping[str, int] | None = None,
     unmanaged: Mapping[str, int] | None = None,
+    held: Iterable[HeldRequests] = (),
 ) -> IntervalObservation:
-    """The interval ending at ``ts_s``, from its request observations and worker reports."""
+    """The interval ending at ``ts_s``, from its request observations and worker reports. The
+    requests frontends hold (each frontend's last report of the interval; one that reported
+    none held none) wait as the workers' waiting do, and count with them."""
     finished = list(observations)
     ok = [o for o in finished if o.status == "ok"]
     ttfts = [o.ttft_s for o in ok if o.ttft_s > 0.0]
@@ -69,7 +72,7 @@ def summarize(
         mean_cached_tokens=_mean([float(o.cached_tokens) for o in ok]),
         replicas=counts,
         unmanaged={r: n for r, n in (unmanaged or {}).items() if n},
-        total_waiting={r: sum(w.num_waiting for w in ws) for r, ws in by_role.items()},
+        total_waiting=_waiting(by_role, held),
         total_running={r: sum(w.num_running for w in ws) for r, ws in by_role.items()},
         # over every worker of the role: an idle worker reports once, then nothing
         mean_kv_usage={
@@ -77,3 +80,19 @@ def summarize(
             for r, ws in by_role.items()
         },
     )
+
+
+def _waiting(
+    by_role: Mapping[str, list[WorkerLoad]], held: Iterable[HeldRequests]
+) -> dict[str, int]:
+    waiting = {r: sum(w.num_waiting for w in ws) for r, ws in by_role.items()}
+    newest: dict[str, HeldRequests] = {}
+    for h in held:
+        seen = newest.get(h.frontend_id)
+        if seen is None or h.ts_s >= seen.ts_s:
+            newest[h.frontend_id] = h
+    for h in newest.values():
+        for role, n in h.held.items():
+            if n > 0:
+                waiting[role] = waiting.get(role, 0) + n
+    return waiting

@@ -26,7 +26,7 @@ import msgspec
 from planner.config import IntervalObservation, PlannerConfig
 from planner.core import Decision, PlannerState
 from planner.observe import summarize
-from schemas import RequestObservation, ScalingDecided, Subjects, WorkerLoad
+from schemas import HeldRequests, RequestObservation, ScalingDecided, Subjects, WorkerLoad
 from schemas.codec import WireDecodeError, decode
 
 
@@ -52,6 +52,7 @@ class IntervalInput:
     last_seq: int
     observations: list[RequestObservation] = field(default_factory=list)
     loads: list[WorkerLoad] = field(default_factory=list)
+    held: list[HeldRequests] = field(default_factory=list)
 
 
 class IntervalCollector:
@@ -60,6 +61,7 @@ class IntervalCollector:
     def __init__(self, subjects: Subjects, model: str, after_seq: int = 0) -> None:
         self.obs_subject = subjects.obs(model)
         self.load_prefix = subjects.metrics_model(model)[:-1]  # "{p}.metrics.{model}."
+        self.held_prefix = subjects.held_model(model)[:-1]  # "{p}.held.{model}."
         self._current = IntervalInput(after_seq, after_seq)
 
     @property
@@ -77,6 +79,8 @@ class IntervalCollector:
                 cur.observations.append(decode(data, RequestObservation))
             elif subject.startswith(self.load_prefix):
                 cur.loads.append(decode(data, WorkerLoad))
+            elif subject.startswith(self.held_prefix):
+                cur.held.append(decode(data, HeldRequests))
             else:
                 return f"subject {subject!r} is not a metric of this model"
         except WireDecodeError as exc:
@@ -98,7 +102,7 @@ def observation_for(
 ) -> IntervalObservation:
     """The core's input for one collected interval, with the replica counts of discovery (and
     how many of them were started by hand)."""
-    return summarize(ts_s, inp.observations, inp.loads, replicas, unmanaged)
+    return summarize(ts_s, inp.observations, inp.loads, replicas, unmanaged, inp.held)
 
 
 def recorded_counts(

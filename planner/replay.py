@@ -186,7 +186,7 @@ async def replay_planner(
     messages = await read_range(
         js,
         subjects.stream_name("METRICS"),
-        (subjects.metrics_model(model), subjects.obs(model)),
+        subjects.planner_inputs(model),
         first.metrics_after_seq + 1,
         last.metrics_last_seq,
     )

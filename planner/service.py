@@ -172,7 +172,7 @@ async def recover(
     messages = await read_range(
         js,
         s.stream_name("METRICS"),
-        (s.metrics_model(cfg.model), s.obs(cfg.model)),
+        s.planner_inputs(cfg.model),
         newest.metrics_after_seq + 1,
         newest.metrics_last_seq,
     )

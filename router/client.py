@@ -82,7 +82,7 @@ from router.hold_queue import HoldKey, HoldQueue
 from router.policies import RouteQuery, Router
 from router.prefill_leg import PrefillLeg, prefill_request
 from router.token_stream import StoredChunks, TokenStream
-from schemas import CancelRequested, Request, RouteDecision, encode
+from schemas import CancelRequested, HeldRequests, Request, RouteDecision, encode
 from schemas.control import kv_release
 from schemas.requests import prefill_request_id, routed_msg_id
 from schemas.subjects import Subjects
@@ -91,6 +91,10 @@ from schemas.trace import HEADER as TRACE_HEADER
 log = structlog.get_logger("jetfleet.router")
 
 HOLD_PUMP_S = 0.02  # how often held requests look for room (load reports come every 0.25 s)
+# a worker's load report older than this is not trusted for its queue (a busy worker reports
+# every second at least; an idle one reports once, and that one can be lost)
+LOAD_REPORT_MAX_AGE_S = 5.0
+HELD_REPORT_S = 0.25  # how often a frontend that holds requests says how many (as load reports)
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ class FleetClient:
         self._watchdog: asyncio.Task[None] | None = None
         self._holds = HoldQueue()
         self._hold_pump: asyncio.Task[None] | None = None
+        self._let_go: dict[str, HoldKey] = {}  # request id -> its key, until counted
+        # the name its reports of held requests go under, for the planner (""; none sent)
+        self.held_reporter = ""
+        self._reported: set[str] = set()  # models whose last report held some
         self.on_held: Callable[[int], None] = lambda _n: None  # requests held now (a gauge)
         state.on_departure(self.worker_gone)
 
@@ -210,20 +218,23 @@ class FleetClient:
             self.subjects.cancel(request_id), encode(CancelRequested(request_id, reason))
         )
 
-    async def route_request(self, request: Request, leg: Leg) -> Routed:
+    async def route_request(self, request: Request, leg: Leg, hold: bool = True) -> Routed:
         """Choose the worker (and reserve it, for the kv router) without publishing: hand the
         result to ``launch``, or to ``unroute`` when the request will not go there."""
         await self._wait_for_worker(request.model, leg, request.lora_name)
         self.check_capacity(request.model, leg, request.lora_name)
         key: HoldKey = (request.model, leg.roles, request.lora_name)
-        held = await self._hold(request, leg, key)
-        try:
-            if held:  # let go because its workers all left: wait for one as a new request does
-                await self._wait_for_worker(request.model, leg, request.lora_name)
+        if not (hold and await self._hold(request, leg, key)):
             return await self.route(request, [], leg)
-        finally:
-            if held:
-                self._holds.routed(key)
+        # let go: pending in the queue until ``launch`` counts it on its worker (or it is dropped)
+        self._let_go[request.request_id] = key
+        try:
+            # (let go because its workers all left: wait for one as a new request does)
+            await self._wait_for_worker(request.model, leg, request.lora_name)
+            return await self.route(request, self._busy(key), leg)
+        except BaseException:
+            self._settle_hold(request.request_id)
+            raise
 
     # ------------------------------------------------------------------ holding
     @property
@@ -236,6 +247,8 @@ class FleetClient:
         per = self.cfg.hold_waiting_per_worker
         if per <= 0 or self.router is None or leg.remote_prefill:
             return False  # (a pool's workers pull only what they have room for)
+        if not self.state.candidates(key[0], key[1], lora=key[2]):
+            return False  # no worker at all: the 503 comes as without holding
         if key not in self._holds.held and self._room(key) > self._holds.pending[key]:
             return False
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -260,7 +273,24 @@ class FleetClient:
         model, roles, lora = key
         if not self.state.candidates(model, roles, lora=lora):  # none left: on to wait, then 503
             return self._holds.held[key]
-        return self.state.room(model, roles, lora, self.cfg.hold_waiting_per_worker)
+        fresh_after = time.monotonic() - LOAD_REPORT_MAX_AGE_S
+        return self.state.room(model, roles, lora, self.cfg.hold_waiting_per_worker, fresh_after)
+
+    def _busy(self, key: HoldKey) -> list[str]:
+        """The candidates with a full queue, which a request let go skips (unless that is all
+        of them): the room that let it go is another worker's."""
+        model, roles, lora = key
+        fresh_after = time.monotonic() - LOAD_REPORT_MAX_AGE_S
+        per = self.cfg.hold_waiting_per_worker
+        cands = self.state.candidates(model, roles, lora=lora)
+        busy = [v.worker_id for v in cands if v.queue_depth(fresh_after) >= per]
+        return busy if len(busy) < len(cands) else []
+
+    def _settle_hold(self, request_id: str) -> None:
+        """A request let go is counted on its worker now, or will not be sent."""
+        key = self._let_go.pop(request_id, None)
+        if key is not None:
+            self._holds.routed(key)
 
     def _release_held(self) -> None:
         if len(self._holds) and self._holds.release(self._room):
@@ -268,13 +298,33 @@ class FleetClient:
 
     async def _pump_held(self) -> None:
         """While requests are held: let them go as load reports and joins make room (a request
-        that finishes here lets them go at once, ``release``)."""
+        that finishes here lets them go at once, ``release``), and say how many wait, for the
+        planner (they are not in any worker's report), and once more when none do."""
+        report_at = 0.0
         while len(self._holds):
             await asyncio.sleep(HOLD_PUMP_S)
             self._release_held()
+            if time.monotonic() >= report_at:
+                report_at = time.monotonic() + HELD_REPORT_S
+                await self._report_held()
+        await self._report_held()
+
+    async def _report_held(self) -> None:
+        if not self.held_reporter:
+            return
+        by_model: dict[str, dict[str, int]] = {}
+        for (model, roles, _lora), n in self._holds.held.items():
+            per_role = by_model.setdefault(model, {})
+            per_role[roles[0]] = per_role.get(roles[0], 0) + n
+        for model in sorted(set(by_model) | self._reported):
+            report = HeldRequests(self.held_reporter, model, time.time(), by_model.get(model, {}))
+            with contextlib.suppress(Exception):  # the next report tells it again
+                await self.nc.publish(self.subjects.held(model, self.held_reporter), encode(report))
+        self._reported = set(by_model)
 
     async def unroute(self, request_id: str) -> None:
         """Drop the reservation of a ``route_request`` whose request was not sent."""
+        self._settle_hold(request_id)
         if self.router is not None:
             with contextlib.suppress(Exception):
                 await self.router.finished(request_id)
@@ -332,7 +382,8 @@ class FleetClient:
                 return routed, placement, self.either
             # a race (the prefill pool filled up since): the decode pool, as for a long prompt
             await self.unroute(request.request_id)
-        routed = await self.route_request(request, self.decode)
+        # (not held again: it was, or found room, on the first try)
+        routed = await self.route_request(request, self.decode, hold=False)
         return routed, self._plan(request, routed[1]), self.decode
 
     def _is_prefill_worker(self, decision: RouteDecision | None) -> bool:
@@ -388,11 +439,16 @@ class FleetClient:
         async def feed(msg: Msg) -> None:
             stream.feed_wire(msg.data)
 
-        sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=feed)
+        try:
+            sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=feed)
+        except BaseException:
+            self._settle_hold(request.request_id)
+            raise
         held = (prefill, subject) if prefill is not None else None
         gen = Generation(self, request, decision, stream, leg, traceparent, disagg, held)
         self.active[request.request_id] = _InFlight(gen, sub)
         self.moved("", gen.worker_id, leg)
+        self._settle_hold(request.request_id)
         if gen.worker_id and not self.state.is_alive(gen.worker_id):
             # it left while the request was being routed, before it was in ``active``
             stream.interrupt(f"worker {gen.worker_id} left")
@@ -435,6 +491,7 @@ class FleetClient:
     async def release(self, request_id: str, worker_id: str) -> None:
         """Forget a request: its reservation, in-flight count and token subscription
         (idempotent)."""
+        self._settle_hold(request_id)
         entry = self.active.pop(request_id, None)
         if entry is None:
             return

@@ -43,11 +43,14 @@ class WorkerView:
         reported = 0 if self.load is None else self.load.num_running + self.load.num_waiting
         return max(reported, self.in_flight)
 
-    def queue_depth(self) -> int:
+    def queue_depth(self, fresh_after: float = float("-inf")) -> int:
         """Requests waiting on the worker for a slot, as best known (negative: free slots):
         beyond its ``max_num_seqs`` (its last report, plus what was sent since less what ended),
         or, when that report had some waiting (its KV cache full), those plus what was sent since
-        (they wait too) less what ended (a slot freed)."""
+        (they wait too) less what ended (a slot freed). A report from before ``fresh_after``
+        (monotonic) is not trusted: then only the requests this router counts."""
+        if self.load is None or self.load_at < fresh_after:
+            return self.in_flight - self.capacity
         load, since = self.load, self.since_load
         reported = 0 if load is None else load.num_running + load.num_waiting
         beyond = max(self.in_flight, reported + since) - self.capacity
@@ -178,9 +181,14 @@ class FleetState:
         return sum(max(v.capacity + bound - v.queued_estimate(), 0) for v in cands) <= held
 
     def room(
-        self, model: str, role: str | tuple[str, ...], lora: str | None, waiting_per_worker: int
+        self,
+        model: str,
+        role: str | tuple[str, ...],
+        lora: str | None,
+        waiting_per_worker: int,
+        fresh_after: float = float("-inf"),
     ) -> int:
         """How many more requests the candidates take before each has ``waiting_per_worker``
         waiting for a slot (``WorkerView.queue_depth``): their free slots and that many more."""
         cands = self.candidates(model, role, lora=lora)
-        return sum(max(waiting_per_worker - v.queue_depth(), 0) for v in cands)
+        return sum(max(waiting_per_worker - v.queue_depth(fresh_after), 0) for v in cands)

@@ -59,6 +59,14 @@ class HoldQueue:
 
     def forget(self, key: HoldKey) -> None:
         """A held request left without being let go (its client went away)."""
+        self._drop(key)
+        if not self.held:
+            self._heap.clear()  # only the forgotten were left
+        elif len(self._heap) > 2 * len(self) + 64:  # many forgotten: not kept until let go
+            self._heap = [e for e in self._heap if not e.waiter.done()]
+            heapq.heapify(self._heap)
+
+    def _drop(self, key: HoldKey) -> None:
         self.held[key] -= 1
         if self.held[key] <= 0:
             del self.held[key]
@@ -89,7 +97,7 @@ class HoldQueue:
                 continue
             budgets[entry.key] = budget - 1
             entry.waiter.set_result(None)
-            self.forget(entry.key)
+            self._drop(entry.key)
             self.pending[entry.key] += 1
             released += 1
         for entry in kept:

@@ -16,7 +16,7 @@ from schemas.kv_events import (
     ShapeChanged,
     SlotTableSnapshot,
 )
-from schemas.metrics import RequestObservation, WorkerLoad
+from schemas.metrics import HeldRequests, RequestObservation, WorkerLoad
 from schemas.requests import (
     CancelRequested,
     Request,
@@ -39,6 +39,7 @@ __all__ = [
     "ControlReply",
     "ControlRequest",
     "DeadLetter",
+    "HeldRequests",
     "IndexSnapshot",
     "KvEventBatch",
     "ModelCard",

@@ -4,6 +4,9 @@
   and cache (every ``load_interval_s``, and before the first token of a prefill it counted).
 - ``RequestObservation`` on fleet.obs.{model}: one per finished request, from the frontend that
   served it; the planner sizes pools from these and replay explains routing with them.
+- ``HeldRequests`` on fleet.held.{model}.{frontend}: the requests a frontend holds while every
+  worker has a queue (``router/hold_queue.py``), by role, every 0.25 s while it holds any and
+  once when it holds none again; the planner counts them with the workers' waiting.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ class WorkerLoad(msgspec.Struct, frozen=True, omit_defaults=True):
     # engine steps since the worker started: a worker whose count moves is busy, not stuck (a
     # request queued behind others on it is waiting, not stalled)
     steps_total: int = 0
+    v: int = 1
+
+
+class HeldRequests(msgspec.Struct, frozen=True, omit_defaults=True):
+    frontend_id: str
+    model: str
+    ts_s: float  # wall clock
+    held: dict[str, int]  # role -> requests held for it
     v: int = 1
 
 

@@ -144,8 +144,8 @@ def fleet_topology(
         ),
         StreamSpec(
             name=s.stream_name("METRICS"),
-            subjects=(s.metrics_all(), s.obs_all()),
-            description="Worker load reports and request observations",
+            subjects=(s.metrics_all(), s.obs_all(), s.held_all()),
+            description="Worker load reports, request observations, requests frontends hold",
             max_age=timedelta(hours=24),
             replicas=replicas,
         ),
@@ -275,7 +275,7 @@ def planner_consumer(subjects: Subjects, model: str, interval_s: float) -> Consu
     a new planner starts from now."""
     return ConsumerSpec(
         durable=f"planner_{model_token(model)}",
-        filter_subjects=(subjects.metrics_model(model), subjects.obs(model)),
+        filter_subjects=subjects.planner_inputs(model),
         ack_wait=timedelta(seconds=max(60.0, 3.0 * interval_s)),
         max_ack_pending=-1,
         max_deliver=-1,

@@ -10,6 +10,7 @@ Layout (prefix ``fleet`` by default, configurable so several fleets share one NA
     {p}.kv.{model}.{part}.{worker}    ... under the worker's partition      (stream transform)
     {p}.metrics.{model}.{role}.{worker} WorkerLoad                          FLEET_METRICS
     {p}.obs.{model}                   RequestObservation                    FLEET_METRICS
+    {p}.held.{model}.{frontend}       HeldRequests                          FLEET_METRICS
     {p}.scale.{model}.{role}          ScalingDecided                        FLEET_SCALING
     {p}.scale.status.{model}.{role}   ScalingStatus                         FLEET_SCALING
     {p}.dlq.{component}               DeadLetter                            FLEET_DLQ
@@ -132,6 +133,19 @@ class Subjects:
 
     def obs_all(self) -> str:
         return f"{self.prefix}.obs.*"
+
+    def held(self, model: str, frontend_id: str) -> str:
+        return f"{self.prefix}.held.{model_token(model)}.{model_token(frontend_id)}"
+
+    def held_model(self, model: str) -> str:
+        return f"{self.prefix}.held.{model_token(model)}.*"
+
+    def held_all(self) -> str:
+        return f"{self.prefix}.held.*.*"
+
+    def planner_inputs(self, model: str) -> tuple[str, ...]:
+        """What the planner reads of one model: load reports, observations, held requests."""
+        return (self.metrics_model(model), self.obs(model), self.held_model(model))
 
     # scaling
     def scale(self, model: str, role: str) -> str:

@@ -80,6 +80,7 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
         cfg.stack, cfg.frontend_id, metrics.count_placement, metrics.count_worker_change
     )
     stack.client.on_held = metrics.held.set
+    stack.client.held_reporter = cfg.frontend_id
     app = Frontend(
         cfg.http,
         stack.discovery,

@@ -12,7 +12,15 @@ import pytest
 from router.client import ClientConfig, FleetClient, NoWorkersError, OverloadedError
 from router.fleet_state import FleetState
 from router.policies import LeastLoaded, LocalRouter
-from schemas import Request, RouteDecision, SamplingParams, Subjects, TokenChunk
+from schemas import (
+    HeldRequests,
+    Request,
+    RouteDecision,
+    SamplingParams,
+    Subjects,
+    TokenChunk,
+    decode,
+)
 from tests.support.builders import fleet_state, registration
 from tests.support.wait import wait_for
 
@@ -106,6 +114,7 @@ async def test_requests_wait_here_while_every_worker_has_a_queue_and_go_as_room_
     state.upsert(registration("w2", max_num_seqs=4))
     gen = await asyncio.wait_for(held[1], 2)
     assert gen.worker_id == "w2" and client.held_requests == 0 and gauge[-1] == 0
+    assert not client._holds.pending and not client._let_go  # each let go was counted
     await client.stop()
 
 
@@ -143,4 +152,52 @@ async def test_held_requests_of_a_fleet_that_left_end_as_new_ones_do() -> None:
     with pytest.raises(NoWorkersError):
         await asyncio.wait_for(held, 2)
     assert client.held_requests == 0
+    await client.stop()
+
+
+async def test_a_request_let_go_skips_the_workers_whose_queue_is_full() -> None:
+    """The room that let it go is another worker's: the router does not get to send it to a full
+    queue (a kv router could, for its cached prefix)."""
+    state = fleet_state(registration("w1", max_num_seqs=1))
+    client, _ = _routing_client(state, hold_waiting_per_worker=1)
+    for rid in ("a", "b"):
+        await client.generate(_request(rid))
+    held = asyncio.create_task(client.generate(_request("c")))
+    await wait_for(lambda: client.held_requests == 1, timeout=2)
+    state.upsert(registration("w2", max_num_seqs=1))
+    state.workers["w2"].in_flight = 1  # its one slot taken (by another route): room for 1 more
+    routed: list[tuple[str, ...]] = []
+    real_route = client.router.route  # type: ignore[union-attr]
+
+    async def spy(query: Any, cands: Any) -> Any:
+        routed.append(tuple(v.worker_id for v in cands))
+        return await real_route(query, cands)
+
+    client.router.route = spy  # type: ignore[union-attr,method-assign]
+    gen = await asyncio.wait_for(held, 2)
+    assert routed == [("w2",)] and gen.worker_id == "w2"
+    assert not client._holds.pending and not client._let_go
+    await client.stop()
+
+
+async def test_a_frontend_says_how_many_it_holds_and_when_it_holds_none() -> None:
+    """For the planner: held requests are in no worker's load report."""
+    state = fleet_state(registration("w1", max_num_seqs=1))
+    client, _ = _routing_client(state, hold_waiting_per_worker=1)
+    client.held_reporter = "f1"
+    for rid in ("a", "b"):
+        await client.generate(_request(rid))
+    held = [asyncio.create_task(client.generate(_request(r))) for r in ("c", "d")]
+    subject = Subjects("t").held("m", "f1")
+
+    def reports() -> list[HeldRequests]:
+        calls = client.nc.publish.call_args_list  # type: ignore[attr-defined]
+        return [decode(c.args[1], HeldRequests) for c in calls if c.args[0] == subject]
+
+    await wait_for(lambda: any(r.held == {"agg": 2} for r in reports()), timeout=2)
+    assert {(r.frontend_id, r.model) for r in reports()} == {("f1", "m")}
+    for t in held:
+        t.cancel()
+    await asyncio.gather(*held, return_exceptions=True)
+    await wait_for(lambda: reports()[-1].held == {}, timeout=2)  # and once more: none
     await client.stop()

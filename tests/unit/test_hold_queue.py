@@ -105,3 +105,26 @@ def test_saturation_counts_the_held_into_the_room_left() -> None:
     assert not st.saturated("m", "agg", 3)
     assert not st.saturated("m", "agg", 3, held=2)
     assert st.saturated("m", "agg", 3, held=3)
+
+
+def test_a_report_too_old_is_not_trusted() -> None:
+    """An idle worker reports once; a lost report must not keep a stale queue for ever."""
+    st = fleet_state(registration("a", max_num_seqs=4))
+    st.apply_load(_load("a", 4, 9), 10.0)
+    assert st.room("m", ("agg",), None, 2, fresh_after=5.0) == 0
+    assert st.room("m", ("agg",), None, 2, fresh_after=11.0) == 6  # what this router counts: 0
+
+
+def test_requests_whose_clients_left_are_not_kept() -> None:
+    q, out = HoldQueue(), []
+    waiters = [_Waiter(str(i), out) for i in range(200)]
+    for w in waiters:
+        q.hold(A, 0, w)
+    for w in waiters[:150]:
+        w.cancel()
+        q.forget(A)
+    assert len(q) == 50 and len(q._heap) <= 2 * 50 + 64
+    for w in waiters[150:]:
+        w.cancel()
+        q.forget(A)
+    assert len(q) == 0 and q._heap == []

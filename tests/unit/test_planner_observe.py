@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.observe import percentile, summarize
-from schemas.metrics import RequestObservation, WorkerLoad
+from schemas.metrics import HeldRequests, RequestObservation, WorkerLoad
 
 
 def req(i: int, status: str = "ok", ttft_s: float = 0.1) -> RequestObservation:
@@ -61,3 +61,19 @@ def test_summarize():
     assert o.total_waiting == {"agg": 6, "prefill": 7}
     assert o.mean_kv_usage["agg"] == pytest.approx(0.4)
     assert summarize(120.0, [], [], replicas={"agg": 3}).replicas == {"agg": 3}
+
+
+def test_requests_frontends_hold_wait_with_the_workers_waiting():
+    """Held in a frontend while every worker has a queue, they are in no worker's report; the
+    planner must see them or it sizes for the queue the workers show (8 each), not the one
+    there is."""
+    loads = [load("w1", "agg", 1.0, 8, 0.9), load("w2", "agg", 1.0, 8, 0.9)]
+    held = [
+        HeldRequests("f1", "m", 1.0, {"agg": 30}),
+        HeldRequests("f1", "m", 2.0, {"agg": 25}),  # the newest of f1 counts
+        HeldRequests("f2", "m", 1.5, {"agg": 5, "decode": 3}),
+        HeldRequests("f3", "m", 1.2, {}),  # holds none any more
+    ]
+    o = summarize(120.0, [], loads, held=held)
+    assert o.total_waiting == {"agg": 16 + 25 + 5, "decode": 3}
+    assert o.replicas == {"agg": 2}  # a frontend is no replica

@@ -25,6 +25,7 @@ from planner.records import (
 from planner.replay import group_intervals, parse_time, replay_intervals
 from planner.service import reason_kind
 from schemas import (
+    HeldRequests,
     RequestObservation,
     ScalingDecided,
     Subjects,
@@ -149,6 +150,16 @@ def test_collector_skips_redeliveries_and_reports_undecodable() -> None:
     assert (inp.after_seq, inp.last_seq, len(inp.observations)) == (0, 7, 1)
     nxt = c.close()
     assert (nxt.after_seq, nxt.last_seq, nxt.observations) == (7, 7, [])
+
+
+def test_collector_takes_the_requests_frontends_hold() -> None:
+    c = IntervalCollector(S, MODEL)
+    held = HeldRequests("f1", MODEL, 1.0, {"agg": 4})
+    assert c.add(1, S.held(MODEL, "f1"), msgspec.msgpack.encode(held)) is None
+    assert c.add(2, S.held("other", "f1"), msgspec.msgpack.encode(held)) is not None
+    inp = c.close()
+    assert inp.held == [held]
+    assert observation_for(inp, 10.0, {"agg": 1}).total_waiting == {"agg": 4}
 
 
 def test_state_and_config_round_trip() -> None:
