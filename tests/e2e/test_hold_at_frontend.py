@@ -17,9 +17,6 @@ from tests.support.wait import wait_for
 pytestmark = pytest.mark.integration
 
 M = "jetfleet-tiny"
-# ~4.6 s a request at speedup 1: the worker started late has that long to come up before the
-# first request ends and its room (on the busy worker) lets a held one go there instead
-TOKENS = 800
 
 
 async def _gauge(client: httpx.AsyncClient, url: str, name: str) -> float:
@@ -34,19 +31,19 @@ async def _held(client: httpx.AsyncClient, url: str) -> float:
     return await _gauge(client, url, "jetfleet_frontend_held_requests")
 
 
-async def _complete(client: httpx.AsyncClient, url: str, prompt: str) -> None:
-    body = {"model": M, "prompt": prompt, "max_tokens": TOKENS}
+async def _complete(client: httpx.AsyncClient, url: str, prompt: str, tokens: int) -> None:
+    body = {"model": M, "prompt": prompt, "max_tokens": tokens}
     r = await client.post(f"{url}/v1/completions", json=body)
     assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] == TOKENS
+    assert r.json()["usage"]["completion_tokens"] == tokens
 
 
 @pytest.mark.parametrize("hold", [1, 0])
 async def test_requests_held_while_every_worker_is_busy_go_to_a_worker_that_joins(
     nats_server, tmp_path, hold: int
 ) -> None:
-    # one slot, and a second request waiting for it: the other two are held (hold=1) or sent
-    # to wait on the worker too (hold=0, as before)
+    # a worker with one slot: one long request runs, a second waits for the slot; two short
+    # ones that come next are held (hold=1), or sent to wait behind them (hold=0, as before)
     f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--max-num-seqs", "1"))
     try:
         f.add_worker()
@@ -54,21 +51,27 @@ async def test_requests_held_while_every_worker_is_busy_go_to_a_worker_that_join
         url = f.start_frontend(*args)
         await wait_for(lambda: _count(f, 1), timeout=20)
         async with Observations(f) as obs, httpx.AsyncClient(timeout=120) as client:
-            burst = [asyncio.create_task(_complete(client, url, f"burst {i}")) for i in range(4)]
-            expected = 2.0 if hold else 0.0
 
-            async def all_in() -> bool:  # all four accepted: two on the worker, two held or not
-                running = await _gauge(client, url, "jetfleet_frontend_in_flight")
-                held = await _held(client, url)
-                return running + held == 4 and held == expected
+            async def counts(running: float, held: float) -> bool:
+                now = await _gauge(client, url, "jetfleet_frontend_in_flight")
+                return now == running and await _held(client, url) == held
 
-            await wait_for(all_in, timeout=20)
-            late = f.add_worker("--max-num-seqs", "8")
-            await asyncio.gather(*burst)
-            await wait_for(lambda: len(obs.items) >= 4, timeout=10)
-            assert await _held(client, url) == 0
-        assert all(o.status == "ok" and o.attempts == 1 for o in obs.items)
-        on_late = sum(o.worker_id == late for o in obs.items)
-        assert on_late == (2 if hold else 0), [o.worker_id for o in obs.items]
+            # ~35 s each at speedup 1: the late worker has that long to come up
+            long = [asyncio.create_task(_complete(client, url, f"long {i}", 6000)) for i in (0, 1)]
+            await wait_for(lambda: counts(2, 0), timeout=20)
+            short = [asyncio.create_task(_complete(client, url, f"short {i}", 50)) for i in (0, 1)]
+            await wait_for(lambda: counts(2, 2) if hold else counts(4, 0), timeout=20)
+            if hold:
+                late = f.add_worker("--max-num-seqs", "8")
+                # well before a long one ends (whose room would also let them go)
+                await asyncio.wait_for(asyncio.gather(*short), 20)
+                await wait_for(lambda: len(obs.items) >= 2, timeout=10)
+                assert await _held(client, url) == 0
+            for t in [*long, *short]:
+                t.cancel()  # (the client leaves: its generation stops)
+            await asyncio.gather(*long, *short, return_exceptions=True)
+        if hold:
+            served = [o for o in obs.items if o.status == "ok"]
+            assert [(o.worker_id, o.attempts) for o in served] == [(late, 1)] * 2
     finally:
         f.stop()
