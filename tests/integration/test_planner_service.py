@@ -17,6 +17,7 @@ from planner.replay import replay_planner
 from planner.service import PlannerService, PlannerServiceConfig
 from schemas import (
     DeadLetter,
+    HeldRequests,
     RequestObservation,
     ScalingDecided,
     WorkerLoad,
@@ -178,3 +179,22 @@ async def test_a_new_planner_plans_from_now_not_from_history(nc, subjects, decis
     assert decisions[0].metrics_after_seq >= 81
     report = await replay_planner(js, subjects, MODEL, t0, time.time() + 1)
     assert report.differing == 0 and report.messages == 0
+
+
+async def test_requests_a_frontend_holds_are_planned_for(nc, subjects, decisions) -> None:
+    """Held in a frontend while every worker has a queue, they are in no worker's report: the
+    planner reads the frontend's ``HeldRequests`` from the stream and sizes for them too."""
+    js = nc.jetstream()
+    await register(js, subjects, "w0")
+    async with Planner(nc, subjects):
+        for i in range(2):  # the requests' shape: 300 prompt tokens, 40 out
+            obs = RequestObservation(
+                f"r{i}", MODEL, "ok", time.time(), isl_tokens=300, osl_tokens=40, ttft_s=0.05
+            )
+            await js.publish(subjects.obs(MODEL), encode(obs))
+        held = HeldRequests("frontend-1", MODEL, time.time(), {"agg": 40})
+        await js.publish(subjects.held(MODEL, "frontend-1"), encode(held))
+        up = await wait_for(
+            lambda: [d for d in decisions if any("incl. 40 waiting" in r for r in d.reasons)], 10
+        )
+    assert up[0].desired_replicas > 1  # 40 held in one interval, 40 tokens each: several
