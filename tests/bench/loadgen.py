@@ -133,6 +133,18 @@ class Connection:
             self.writer.close()
 
 
+async def stream_once(host: str, port: int, body: dict[str, object]) -> RequestResult:
+    """One streamed completion on a connection of its own; a failed result when the connection
+    fails."""
+    conn = Connection(host, port)
+    try:
+        return await conn.stream_completion("/v1/completions", body)
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        return RequestResult(False, error=repr(exc))
+    finally:
+        conn.close()
+
+
 async def run_level(
     url: str,
     model: str,

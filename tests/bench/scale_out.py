@@ -37,8 +37,9 @@ import uvloop
 
 from base.ports import free_port
 from infra.command import cli_command
+from tests.bench.batch_beside import figures as latency_figures
 from tests.bench.fleet_scale import MODEL, UP_LINE, Running, stop_up
-from tests.bench.loadgen import Connection, RequestResult, percentile, random_prompt, run_level
+from tests.bench.loadgen import RequestResult, random_prompt, run_level, stream_once
 
 
 def start(tmp: Path, hold: int, args: argparse.Namespace) -> Running:
@@ -93,18 +94,12 @@ async def open_loop(
     async def one(i: int) -> None:
         nonlocal last_end
         await asyncio.sleep(max(at[i] - time.perf_counter(), 0))
-        conn = Connection(host, int(port))
-        body = {
+        body: dict[str, object] = {
             "model": MODEL, "prompt": prompts[i], "max_tokens": args.output_tokens,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
         }  # fmt: skip
         late = time.perf_counter() - at[i]
-        try:
-            res = await conn.stream_completion("/v1/completions", body)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            res = RequestResult(False, error=repr(exc))
-        finally:
-            conn.close()
+        res = await stream_once(host, int(port), body)
         if res.ttft_s:
             res.ttft_s += late
         if res.e2e_s:
@@ -117,20 +112,9 @@ async def open_loop(
 
 
 def figures(results: list[RequestResult]) -> dict[str, Any]:
-    ok = [r for r in results if r.ok]
-    ttft = [r.ttft_s * 1000 for r in ok if r.ttft_s]
-    e2e = [r.e2e_s * 1000 for r in ok if r.e2e_s]
+    """``batch_beside``'s figures, and the errors by kind (a 503 is a request shed)."""
     kinds = Counter(r.error.split(":", 1)[0][:60] for r in results if not r.ok)
-    return {
-        "requests": len(results),
-        "errors": len(results) - len(ok),
-        "error_kinds": dict(kinds),
-        "ttft_p50_ms": round(percentile(ttft, 50), 1),
-        "ttft_p90_ms": round(percentile(ttft, 90), 1),
-        "ttft_p99_ms": round(percentile(ttft, 99), 1),
-        "e2e_p50_ms": round(percentile(e2e, 50), 1),
-        "e2e_p99_ms": round(percentile(e2e, 99), 1),
-    }
+    return {**latency_figures(results), "error_kinds": dict(kinds)}
 
 
 async def one_run(hold: int, args: argparse.Namespace, sitting: int) -> dict[str, Any]:

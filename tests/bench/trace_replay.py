@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.fleetctl import BenchFleet
-from tests.bench.loadgen import Connection, LevelResult, RequestResult, summarize
+from tests.bench.loadgen import LevelResult, stream_once, summarize
 from tests.bench.procstat import CpuMeter
 
 BLOCK_TOKENS = 512  # the trace's block
@@ -104,7 +104,6 @@ async def replay(url: str, model: str, requests: list[TraceRequest]) -> LevelRes
     level = LevelResult(concurrency=0)
 
     async def one(index: int, req: TraceRequest) -> None:
-        conn = Connection(host, int(port))
         body: dict[str, object] = {
             "model": model,
             "prompt": req.prompt,
@@ -113,12 +112,7 @@ async def replay(url: str, model: str, requests: list[TraceRequest]) -> LevelRes
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        try:
-            res = await conn.stream_completion("/v1/completions", body)
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            res = RequestResult(False, error=repr(exc))
-        finally:
-            conn.close()
+        res = await stream_once(host, int(port), body)
         res.start_index = index
         level.results.append(res)
 
