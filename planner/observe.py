@@ -18,10 +18,13 @@ and call ``summarize``. How each field is made:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
 
 from planner.config import IntervalObservation
 from schemas.metrics import HeldRequests, RequestObservation, WorkerLoad
+
+_R = TypeVar("_R", WorkerLoad, HeldRequests)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -51,11 +54,7 @@ def summarize(
     finished = list(observations)
     ok = [o for o in finished if o.status == "ok"]
     ttfts = [o.ttft_s for o in ok if o.ttft_s > 0.0]
-    newest: dict[str, WorkerLoad] = {}
-    for load in loads:
-        seen = newest.get(load.worker_id)
-        if seen is None or load.ts_s >= seen.ts_s:
-            newest[load.worker_id] = load
+    newest = _newest(loads, lambda load: load.worker_id)
     by_role: dict[str, list[WorkerLoad]] = {}
     for worker_id in sorted(newest):
         load = newest[worker_id]
@@ -86,13 +85,18 @@ def _waiting(
     by_role: Mapping[str, list[WorkerLoad]], held: Iterable[HeldRequests]
 ) -> dict[str, int]:
     waiting = {r: sum(w.num_waiting for w in ws) for r, ws in by_role.items()}
-    newest: dict[str, HeldRequests] = {}
-    for h in held:
-        seen = newest.get(h.frontend_id)
-        if seen is None or h.ts_s >= seen.ts_s:
-            newest[h.frontend_id] = h
-    for h in newest.values():
+    for h in _newest(held, lambda h: h.frontend_id).values():
         for role, n in h.held.items():
             if n > 0:
                 waiting[role] = waiting.get(role, 0) + n
     return waiting
+
+
+def _newest(reports: Iterable[_R], by: Callable[[_R], str]) -> dict[str, _R]:
+    """Each sender's latest report (``ts_s``; the later of two with the same)."""
+    newest: dict[str, _R] = {}
+    for report in reports:
+        seen = newest.get(by(report))
+        if seen is None or report.ts_s >= seen.ts_s:
+            newest[by(report)] = report
+    return newest

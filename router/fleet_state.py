@@ -52,10 +52,8 @@ class WorkerView:
         if self.load is None or self.load_at < fresh_after:
             return self.in_flight - self.capacity
         load, since = self.load, self.since_load
-        reported = 0 if load is None else load.num_running + load.num_waiting
-        beyond = max(self.in_flight, reported + since) - self.capacity
-        waiting = 0 if load is None else load.num_waiting
-        return max(beyond, waiting + since) if waiting > 0 else beyond
+        beyond = max(self.in_flight, load.num_running + load.num_waiting + since) - self.capacity
+        return max(beyond, load.num_waiting + since) if load.num_waiting > 0 else beyond
 
 
 def _serving(reg: WorkerRegistration) -> tuple[object, ...]:

@@ -10,8 +10,9 @@ same as without holding (``FleetState.saturated`` counts the held); only where t
 changes.
 
 ``HoldQueue`` is the pure part: who waits, in what order, and who is let go for the room the
-caller measures. ``pending`` counts those let go that have not yet been routed (the fleet state
-does not count them yet), so one burst of room is not given twice.
+caller measures. ``pending`` counts those let go that the fleet state does not count yet (the
+client calls ``routed`` once ``launch`` counted one on its worker, or it will not be sent), so
+one burst of room is not given twice.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class HoldQueue:
             del self.held[key]
 
     def routed(self, key: HoldKey) -> None:
-        """A request let go has been routed (or failed to be): the fleet state counts it now."""
+        """A request let go is counted on its worker now (or will not be sent)."""
         self.pending[key] -= 1
         if self.pending[key] <= 0:
             del self.pending[key]
