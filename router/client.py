@@ -13,7 +13,9 @@ Life of a request (``Generation``, ``router/generation.py``):
 4. if the worker leaves the fleet or goes silent past ``stall_timeout_s``, the stream is
    interrupted and the generation migrates: re-routed to another worker with the tokens
    generated so far appended to the prompt (attempt + 1), so the caller sees one uninterrupted
-   stream; after ``max_attempts`` it ends with an error chunk.
+   stream; after ``max_attempts`` it ends with an error chunk. A silent worker with no other
+   worker to move to is waited on up to ``max_attempts`` more stall timeouts first
+   (``TokenStream.check_stall``): a migration with nowhere to go could only fail the request.
 
 The client is the generations' ``Dispatch``: it routes, publishes (retrying while the stream
 elects a leader), cancels, keeps the in-flight count (``FleetState.count``) and releases
@@ -51,6 +53,7 @@ import contextlib
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import structlog
@@ -99,7 +102,8 @@ HELD_REPORT_S = 0.25  # how often a frontend that holds requests says how many (
 
 @dataclass(frozen=True)
 class ClientConfig:
-    # no chunk for this long from a live worker whose engine took no step either: migrate
+    # no chunk for this long from a live worker whose engine took no step either: migrate (with
+    # no other worker to go to, wait up to max_attempts such timeouts in a row first)
     stall_timeout_s: float = 60.0
     max_attempts: int = 3  # first try + migrations
     max_waiting_per_worker: int = 64  # shed when every worker holds capacity + this
@@ -531,7 +535,20 @@ class FleetClient:
                 if gen.held:  # not published yet: its prefill leg has its own clock
                     continue
                 progress = self.state.progress_at(gen.worker_id)
-                gen.stream.check_stall(now, gen.leg.stall_timeout_s, progress)
+                gen.stream.check_stall(
+                    now,
+                    gen.leg.stall_timeout_s,
+                    progress,
+                    elsewhere=partial(self._elsewhere, gen),
+                    patience=gen.leg.max_attempts,
+                )
+
+    def _elsewhere(self, gen: Generation) -> bool:
+        """Whether a live worker the request has not tried could take it (a migration's
+        route would find one)."""
+        req = gen.request
+        tried = [*gen.tried, gen.worker_id]
+        return bool(self.state.candidates(req.model, gen.leg.roles, tried, req.lora_name))
 
     async def catch_up(self) -> None:
         """After a NATS reconnect (a hook: returns at once, the work runs in a task): each

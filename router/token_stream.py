@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -74,6 +75,8 @@ class TokenStream:
         self._store = store
         self._inbox: asyncio.Queue[TokenChunk | Interrupted] = asyncio.Queue()
         self._ready: deque[TokenChunk] = deque()  # in order, a gap's chunks then the one after
+        self._stalled_at = 0.0  # when the stall clock last ran out
+        self._stall_waits = 0  # stalls in a row waited out with nowhere to go
 
     # ---- fed by the client
     def feed(self, chunk: TokenChunk) -> None:
@@ -92,14 +95,43 @@ class TokenStream:
         if not self.ended:
             self._inbox.put_nowait(Interrupted(reason, self.attempt))
 
-    def check_stall(self, now: float, timeout_s: float, worker_progress_at: float = 0.0) -> None:
+    def check_stall(
+        self,
+        now: float,
+        timeout_s: float,
+        worker_progress_at: float = 0.0,
+        elsewhere: Callable[[], bool] | None = None,
+        patience: int = 0,
+    ) -> bool:
         """Interrupt an attempt that has delivered nothing for ``timeout_s`` while its worker
         made no progress either (the clock then starts again, so a slow migration is not
-        interrupted twice)."""
-        since = max(self.last_activity, worker_progress_at)
-        if not self.ended and now - since > timeout_s:
-            self.interrupt("stalled")
-            self.last_activity = now
+        interrupted twice). Returns whether it stalled.
+
+        A stall with nowhere to go (``elsewhere()`` is false: no other live worker could take
+        the request) is waited out up to ``patience`` more timeouts in a row, on the worker it
+        is on: a migration would only end it in an error, while a worker that crawls (an
+        engine beside another's cold start on a small host) still answers. Past that it is
+        interrupted all the same, so a worker that stays registered and never answers ends
+        its requests with an error. Any progress since the last stall starts the count
+        again."""
+        active = max(self.last_activity, worker_progress_at)
+        if active > self._stalled_at:
+            self._stall_waits = 0
+        if self.ended or now - max(active, self._stalled_at) <= timeout_s:
+            return False
+        self._stalled_at = now
+        if self._stall_waits < patience and elsewhere is not None and not elsewhere():
+            self._stall_waits += 1
+            log.warning(
+                "request_stalled_nowhere_to_go",
+                request_id=self.request_id,
+                waited=self._stall_waits,
+                patience=patience,
+            )
+            return True
+        self._stall_waits = 0
+        self.interrupt("stalled")
+        return True
 
     async def catch_up(self, timeout_s: float = 1.0) -> None:
         """Feed the newest stored chunk when it is one this stream has not delivered: a request

@@ -180,6 +180,42 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
         f.stop()
 
 
+async def test_a_stall_with_no_other_worker_is_waited_out_not_failed(nats_server, tmp_path):
+    """The only worker goes silent (SIGSTOP, still registered: ``--ttl 60``) for twice the
+    frontend's stall timeout (1 s), then goes on, as an engine that crawls beside another's
+    cold start does. A migration had nowhere to go and ended the request in an error; it is
+    waited out on its worker instead, and answered in full in one attempt."""
+    f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--ttl", "60"))
+    stopped: int | None = None
+    try:
+        f.add_worker()
+        f.start_frontend("--router", "round-robin", "--stall-timeout", "1")
+        await wait_for(lambda: _count(f, 1), timeout=20)
+        body = {"model": M, "prompt": "crawl", "max_tokens": 300, "stream": True, "seed": 5}
+        body["stream_options"] = {"include_usage": True}
+        usage, n_text = None, 0
+        async with Observations(f) as obs, httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("POST", f"{f.base_url}/v1/completions", json=body) as r:
+                async for event in sse_events(r):
+                    n_text += bool(event["choices"])
+                    usage = event.get("usage") or usage
+                    if stopped is None and n_text >= 3:
+                        serving = await _serving_worker(f)
+                        proc = f.group.children[serving.removeprefix(f"{f.prefix}-")].proc
+                        stopped = proc.pid
+                        os.kill(stopped, signal.SIGSTOP)
+                        # silent past two stall timeouts, each waited out, then it goes on
+                        await wait_for(lambda: _stalls_waited(f) >= 2, timeout=20)
+                        os.kill(stopped, signal.SIGCONT)
+            await wait_for(lambda: len(obs.items) >= 1, timeout=10)
+        assert usage is not None and usage["completion_tokens"] == body["max_tokens"]
+        assert obs.items[-1].attempts == 1 and obs.items[-1].status == "ok"
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        f.stop()
+
+
 async def test_a_queue_longer_than_the_stall_timeout_is_waited_for_not_migrated(
     nats_server, tmp_path
 ):
@@ -216,6 +252,10 @@ async def _worker_of(fleet: Fleet, request_id: str) -> str:
         return decode(msg.data or b"", TokenChunk).worker_id
     finally:
         await nc.close()
+
+
+def _stalls_waited(fleet: Fleet) -> int:
+    return fleet.log("frontend").count("request_stalled_nowhere_to_go")
 
 
 async def _serving_worker(fleet: Fleet) -> str:

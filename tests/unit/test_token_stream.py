@@ -99,6 +99,47 @@ async def test_a_worker_that_makes_progress_keeps_the_stall_clock_from_running()
     assert await read(stream, 1) == ["stalled"]  # the engine stopped stepping too
 
 
+async def test_a_stall_with_nowhere_to_go_is_waited_out_then_interrupted() -> None:
+    """No other worker could take it: the stall is waited out ``patience`` times (the clock
+    starting again each time), then interrupted all the same."""
+    stream = TokenStream("r", Store())
+    start = stream.last_activity
+    asked: list[float] = []
+
+    def nowhere() -> bool:
+        asked.append(0.0)
+        return False
+
+    for k in (1, 2):  # each timeout in a row waited out
+        assert stream.check_stall(start + 1.5 * k, 1.0, elsewhere=nowhere, patience=2)
+        assert not stream.pending
+    assert not stream.check_stall(start + 3.5, 1.0, elsewhere=nowhere, patience=2)  # clock: 3.0
+    assert stream.check_stall(start + 4.5, 1.0, elsewhere=nowhere, patience=2)
+    assert stream.pending and await read(stream, 1) == ["stalled"] and len(asked) == 2
+
+
+async def test_progress_between_stalls_starts_the_patience_again() -> None:
+    stream = TokenStream("r", Store())
+    start = stream.last_activity
+
+    def check(at: float, progress: float = 0.0) -> None:
+        stream.check_stall(start + at, 1.0, progress, elsewhere=lambda: False, patience=1)
+
+    check(1.5)  # waited out (1 of 1)
+    check(3.0, progress=start + 2.0)  # the engine stepped at 2.0: no stall, the count restarts
+    check(4.5, progress=start + 2.0)  # the first stall since: waited out again
+    assert not stream.pending
+    check(6.0, progress=start + 2.0)  # the second in a row: interrupted
+    assert stream.pending and await read(stream, 1) == ["stalled"]
+
+
+async def test_a_stall_with_another_worker_to_go_to_is_interrupted_at_once() -> None:
+    stream = TokenStream("r", Store())
+    start = stream.last_activity
+    assert stream.check_stall(start + 1.5, 1.0, elsewhere=lambda: True, patience=3)
+    assert stream.pending and await read(stream, 1) == ["stalled"]
+
+
 async def test_catch_up_feeds_the_newest_stored_chunk_only_when_unseen() -> None:
     store = Store([chunk(0), chunk(1), chunk(2, final=True)])
     stream = TokenStream("r", store)
