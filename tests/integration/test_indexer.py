@@ -17,7 +17,7 @@ from router.kv.translate import ops_of
 from schemas import ControlRequest, KvEventBatch, decode, encode
 from schemas.kv_events import BlockStored
 from tests.support.kv_events import kv_batch, mocker_event_batches
-from tests.support.wait import wait_for
+from tests.support.wait import task_stacks, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -254,7 +254,10 @@ async def test_a_flush_under_a_running_indexer_is_rebuilt_not_kept_partial(nc, s
         await redis.delete(key)
     last = await publish_all(nc, subjects, later)  # applied into the emptied Redis at once
     expected = await reference([*first, *later])
-    await wait_for(lambda: _dump_is(run.indexer, expected), timeout=30)
+    try:
+        await wait_for(lambda: _dump_is(run.indexer, expected), timeout=30)
+    except AssertionError as e:  # a rare red run in CI logged no loss and no re-lead: say where
+        raise AssertionError(f"not rebuilt; the tasks:\n{task_stacks()}") from e
     shards = await run.indexer.index.ready()
     assert all([await s.redis.exists(s.keys.epoch) for s in shards.shards])
     await run.halt()

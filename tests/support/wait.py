@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import re
 import subprocess
 import time
@@ -27,6 +28,15 @@ class _Deadline:
                 f"{self.what} not met within {self.timeout}s (last value {value!r})"
             )
         return False
+
+
+def task_stacks() -> str:
+    """Where every task of the running loop is now: what a wait that ran out was waiting on
+    (for a failure's message, when the code under test runs in the test's own loop)."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=out)
+    return out.getvalue()
 
 
 async def wait_for(
