@@ -353,7 +353,9 @@ class Indexer:
 
     async def snapshot(self) -> int:
         """Write the index to the object store (beside ingest); returns the lowest position it
-        records for this indexer's group."""
+        records for this indexer's group. Raises ``RuntimeError``, and keeps the last snapshot,
+        when the shards' epoch keys changed while it read (a FLUSHALL, a failover to an empty
+        replica, or a rebuild since: see ``check_epoch``)."""
         t0 = time.monotonic()
         store = await self._store()
         name = f"part-{int(time.time() * 1000)}"
@@ -361,7 +363,16 @@ class Indexer:
         async def put_part(part: str, blocks: BlocksSnapshot) -> None:
             await store.put(part, encode(blocks))
 
+        epochs = await self._epochs()
         snap = await snapshots.export(self.index, put_part, name)
+        if not all(epochs) or await self._epochs() != epochs:
+            # flushed (or lost and rebuilt) while it was read: blocks read after the flush are
+            # missing, and restoring them under the positions read before would keep a partial
+            # index for good
+            for part in snap.parts:
+                with contextlib.suppress(Exception):
+                    await store.delete(part)
+            raise RuntimeError("the index changed epoch while it was read: snapshot discarded")
         old: tuple[str, ...] = ()
         with contextlib.suppress(Exception):
             old = decode((await store.get(SNAPSHOT_OBJECT)).data or b"", IndexSnapshot).parts
@@ -414,7 +425,9 @@ class Indexer:
         snapshot it). Each shard's epoch key is written with its first position and vanishes
         with the rest: a shard with a position but no epoch, or an epoch missing while another
         shard has one, is such a partial index. The whole index is then wiped (routing
-        reservations are left alone), so the snapshot restore and the replay rebuild it.
+        reservations are left alone), so the snapshot restore and the replay rebuild it. The
+        epoch is written anew at each call (the indexer's id and a random token), so a snapshot
+        read across a flush or a rebuild sees it change and is discarded.
         Returns False when it was not intact."""
         shards = await self.index.ready()
         epochs = [bool(await s.redis.exists(s.keys.epoch)) for s in shards.shards]
@@ -435,9 +448,15 @@ class Indexer:
             self.index.reset()
             self.worker_models.clear()
             self.log.warning("indexer_rebuilding_lost_index", wiped_keys=wiped)
+        epoch = f"{self.cfg.indexer_id}:{uuid.uuid4().hex[:8]}"  # a snapshot compares it
         for s in shards.shards:
-            await s.redis.set(s.keys.epoch, self.cfg.indexer_id)
+            await s.redis.set(s.keys.epoch, epoch)
         return intact
+
+    async def _epochs(self) -> list[bytes | None]:
+        """Each shard's epoch key (None where it is missing)."""
+        shards = await self.index.ready()
+        return [await s.redis.get(s.keys.epoch) for s in shards.shards]
 
     async def _consume(self, *stops: asyncio.Event) -> None:
         """Apply the stream from the stored position until one of ``stops`` is set."""

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from base.connect import connect_redis
 from base.topology import ensure_topology
 from router.indexer import Indexer, IndexerConfig, IndexerMetrics
+from router.kv import snapshot as snapshots
 from router.kv.index import InMemoryPrefixIndex
 from router.kv.translate import ops_of
 from schemas import ControlRequest, KvEventBatch, decode, encode
@@ -260,6 +261,42 @@ async def test_a_flush_under_a_running_indexer_is_rebuilt_not_kept_partial(nc, s
         raise AssertionError(f"not rebuilt; the tasks:\n{task_stacks()}") from e
     shards = await run.indexer.index.ready()
     assert all([await s.redis.exists(s.keys.epoch) for s in shards.shards])
+    await run.halt()
+
+
+async def test_a_snapshot_read_across_a_flush_is_discarded_not_restored(
+    nc, subjects, rig, monkeypatch
+):
+    """A FLUSHALL while a snapshot reads the index: the positions were read before it, the
+    second model's blocks after it (none). Written, that snapshot would be restored under those
+    positions when the loss is found, and the index stay partial for good; the epoch key
+    changed under it, so it is discarded, and the rebuild replays the stream."""
+    batches = [*mocker_event_batches(requests=20, seed=13), *mocker_event_batches(
+        requests=20, seed=14, model="m2")]  # fmt: skip
+    last = await publish_all(nc, subjects, batches)
+    run = Running(rig())
+    await wait_for(lambda: run.indexer.applied >= last, timeout=20)
+    redis = run.indexer.redis
+    real = snapshots.export
+
+    async def flushed_midway(index, put_part, name):
+        flushed = []
+
+        async def put(part, blocks):  # the first model's part was read whole
+            if not flushed:
+                flushed.append(part)
+                async for key in redis.scan_iter(match=f"jf:{subjects.prefix}:*"):
+                    await redis.delete(key)  # FLUSHALL, our keys, before the second is read
+            await put_part(part, blocks)
+
+        return await real(index, put, name)
+
+    monkeypatch.setattr(snapshots, "export", flushed_midway)
+    with pytest.raises(RuntimeError, match="changed epoch"):
+        await run.indexer.snapshot()
+    monkeypatch.setattr(snapshots, "export", real)
+    expected = await reference(batches)
+    await wait_for(lambda: _dump_is(run.indexer, expected), timeout=30)
     await run.halt()
 
 
