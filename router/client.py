@@ -81,23 +81,18 @@ from router.generation import (
     Routed,
     with_route,
 )
-from router.hold_queue import HoldKey, HoldQueue
+from router.hold_queue import HoldKey
+from router.holding import Holding
 from router.policies import RouteQuery, Router
 from router.prefill_leg import PrefillLeg, prefill_request
 from router.token_stream import StoredChunks, TokenStream
-from schemas import CancelRequested, HeldRequests, Request, RouteDecision, encode
+from schemas import CancelRequested, Request, RouteDecision, encode
 from schemas.control import kv_release
 from schemas.requests import prefill_request_id, routed_msg_id
 from schemas.subjects import Subjects
 from schemas.trace import HEADER as TRACE_HEADER
 
 log = structlog.get_logger("jetfleet.router")
-
-HOLD_PUMP_S = 0.02  # how often held requests look for room (load reports come every 0.25 s)
-# a worker's load report older than this is not trusted for its queue (a busy worker reports
-# every second at least; an idle one reports once, and that one can be lost)
-LOAD_REPORT_MAX_AGE_S = 5.0
-HELD_REPORT_S = 0.25  # how often a frontend that holds requests says how many (as load reports)
 
 
 @dataclass(frozen=True)
@@ -157,22 +152,17 @@ class FleetClient:
         self.active: dict[str, _InFlight] = {}
         self._background: set[asyncio.Task[None]] = set()  # first-token releases, catch-ups
         self._watchdog: asyncio.Task[None] | None = None
-        self._holds = HoldQueue()
-        self._hold_pump: asyncio.Task[None] | None = None
-        self._let_go: dict[str, HoldKey] = {}  # request id -> its key, until counted
-        self._busy_seen: dict[HoldKey, tuple[float, list[str]]] = {}
-        # the name its reports of held requests go under, for the planner (""; none sent)
-        self.held_reporter = ""
-        self._reported: set[str] = set()  # models whose last report held some
-        self.on_held: Callable[[int], None] = lambda _n: None  # requests held now (a gauge)
+        # a pool's workers pull only what they have room for: nothing is held
+        per_worker = c.hold_waiting_per_worker if router is not None else 0
+        self.holding = Holding(state, per_worker, nc, subjects)
         state.on_departure(self.worker_gone)
 
     def start(self) -> None:
         self._watchdog = asyncio.create_task(self._watch(), name="stall-watchdog")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._watchdog, self._hold_pump) if t is not None]
-        await cancel_and_wait(tasks)
+        await cancel_and_wait([t for t in (self._watchdog,) if t is not None])
+        await self.holding.stop()
 
     # ------------------------------------------------------------------ routing
     async def route(self, request: Request, exclude: Sequence[str], leg: Leg) -> Routed:
@@ -191,7 +181,7 @@ class FleetClient:
         return self.subjects.req_worker(request.model, decision.worker_id), decision
 
     def check_capacity(self, model: str, leg: Leg, lora: str | None = None) -> None:
-        held = self._holds.held[(model, leg.roles, lora)]
+        held = self.holding.held((model, leg.roles, lora))
         if self.state.saturated(model, leg.roles, self.cfg.max_waiting_per_worker, lora, held):
             raise OverloadedError(f"every worker serving {model!r} is saturated")
 
@@ -229,116 +219,26 @@ class FleetClient:
         await self._wait_for_worker(request.model, leg, request.lora_name)
         self.check_capacity(request.model, leg, request.lora_name)
         key: HoldKey = (request.model, leg.roles, request.lora_name)
-        if not (hold and await self._hold(request, leg, key)):
+        if not hold or leg.remote_prefill or not await self.holding.hold(request.priority, key):
             return await self.route(request, [], leg)
         # let go: pending in the queue until ``launch`` counts it on its worker (or it is dropped)
-        self._let_go[request.request_id] = key
+        self.holding.letting_go(request.request_id, key)
         try:
             # (let go because its workers all left: wait for one as a new request does)
             await self._wait_for_worker(request.model, leg, request.lora_name)
-            return await self.route(request, self._busy(key), leg)
+            return await self.route(request, self.holding.busy(key), leg)
         except BaseException:
-            self._settle_hold(request.request_id)
+            self.holding.settle(request.request_id)
             raise
 
     # ------------------------------------------------------------------ holding
     @property
     def held_requests(self) -> int:
-        return len(self._holds)
-
-    async def _hold(self, request: Request, leg: Leg, key: HoldKey) -> bool:
-        """Wait here while every candidate has a queue (``router/hold_queue.py``); whether
-        the request was held (it is then pending in the queue until routed)."""
-        per = self.cfg.hold_waiting_per_worker
-        if per <= 0 or self.router is None or leg.remote_prefill:
-            return False  # (a pool's workers pull only what they have room for)
-        if not self.state.candidates(key[0], key[1], lora=key[2]):
-            return False  # no worker at all: the 503 comes as without holding
-        if key not in self._holds.held and self._room(key) > self._holds.pending[key]:
-            return False
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._holds.hold(key, request.priority, waiter)
-        self._release_held()
-        if not waiter.done() and (self._hold_pump is None or self._hold_pump.done()):
-            self._hold_pump = asyncio.create_task(self._pump_held(), name="hold-pump")
-        self.on_held(len(self._holds))
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():  # let go as its caller was cancelled
-                self._holds.routed(key)
-            else:
-                waiter.cancel()
-                self._holds.forget(key)
-                self.on_held(len(self._holds))
-            raise
-        return True
-
-    def _room(self, key: HoldKey) -> int:
-        model, roles, lora = key
-        if not self.state.candidates(model, roles, lora=lora):  # none left: on to wait, then 503
-            return self._holds.held[key]
-        fresh_after = time.monotonic() - LOAD_REPORT_MAX_AGE_S
-        return self.state.room(model, roles, lora, self.cfg.hold_waiting_per_worker, fresh_after)
-
-    def _busy(self, key: HoldKey) -> list[str]:
-        """The candidates with a full queue, which a request let go skips (unless that is all
-        of them): the room that let it go is another worker's. Looked at once a pump period
-        (a pass over the candidates: ~1 ms at 1,024 workers), not once a request."""
-        now = time.monotonic()
-        cached = self._busy_seen.get(key)
-        if cached is not None and now - cached[0] < HOLD_PUMP_S:
-            return cached[1]
-        model, roles, lora = key
-        per = self.cfg.hold_waiting_per_worker
-        cands = self.state.candidates(model, roles, lora=lora)
-        busy = [v.worker_id for v in cands if v.queue_depth(now - LOAD_REPORT_MAX_AGE_S) >= per]
-        if len(busy) == len(cands):
-            busy = []
-        if len(self._busy_seen) > 256:
-            self._busy_seen.clear()
-        self._busy_seen[key] = (now, busy)
-        return busy
-
-    def _settle_hold(self, request_id: str) -> None:
-        """A request let go is counted on its worker now, or will not be sent."""
-        key = self._let_go.pop(request_id, None)
-        if key is not None:
-            self._holds.routed(key)
-
-    def _release_held(self) -> None:
-        if len(self._holds) and self._holds.release(self._room):
-            self.on_held(len(self._holds))
-
-    async def _pump_held(self) -> None:
-        """While requests are held: let them go as load reports and joins make room (a request
-        that finishes here lets them go at once, ``release``), and say how many wait, for the
-        planner (they are not in any worker's report), and once more when none do."""
-        report_at = 0.0
-        while len(self._holds):
-            await asyncio.sleep(HOLD_PUMP_S)
-            self._release_held()
-            if time.monotonic() >= report_at:
-                report_at = time.monotonic() + HELD_REPORT_S
-                await self._report_held()
-        await self._report_held()
-
-    async def _report_held(self) -> None:
-        if not self.held_reporter:
-            return
-        by_model: dict[str, dict[str, int]] = {}
-        for (model, roles, _lora), n in self._holds.held.items():
-            per_role = by_model.setdefault(model, {})
-            per_role[roles[0]] = per_role.get(roles[0], 0) + n
-        for model in sorted(set(by_model) | self._reported):
-            report = HeldRequests(self.held_reporter, model, time.time(), by_model.get(model, {}))
-            with contextlib.suppress(Exception):  # the next report tells it again
-                await self.nc.publish(self.subjects.held(model, self.held_reporter), encode(report))
-        self._reported = set(by_model)
+        return len(self.holding)
 
     async def unroute(self, request_id: str) -> None:
         """Drop the reservation of a ``route_request`` whose request was not sent."""
-        self._settle_hold(request_id)
+        self.holding.settle(request_id)
         if self.router is not None:
             with contextlib.suppress(Exception):
                 await self.router.finished(request_id)
@@ -456,13 +356,13 @@ class FleetClient:
         try:
             sub = await self.nc.subscribe(self.subjects.tok(request.request_id), cb=feed)
         except BaseException:
-            self._settle_hold(request.request_id)
+            self.holding.settle(request.request_id)
             raise
         held = (prefill, subject) if prefill is not None else None
         gen = Generation(self, request, decision, stream, leg, traceparent, disagg, held)
         self.active[request.request_id] = _InFlight(gen, sub)
         self.moved("", gen.worker_id, leg)
-        self._settle_hold(request.request_id)
+        self.holding.settle(request.request_id)
         if gen.worker_id and not self.state.is_alive(gen.worker_id):
             # it left while the request was being routed, before it was in ``active``
             stream.interrupt(f"worker {gen.worker_id} left")
@@ -505,12 +405,12 @@ class FleetClient:
     async def release(self, request_id: str, worker_id: str) -> None:
         """Forget a request: its reservation, in-flight count and token subscription
         (idempotent)."""
-        self._settle_hold(request_id)
+        self.holding.settle(request_id)
         entry = self.active.pop(request_id, None)
         if entry is None:
             return
         self.state.count(worker_id, -1, entry.gen.leg.remote_prefill)
-        self._release_held()
+        self.holding.release()
         if self.router is not None:
             try:
                 await self.router.finished(request_id)

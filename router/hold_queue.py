@@ -11,8 +11,8 @@ changes.
 
 ``HoldQueue`` is the pure part: who waits, in what order, and who is let go for the room the
 caller measures. ``pending`` counts those let go that the fleet state does not count yet (the
-client calls ``routed`` once ``launch`` counted one on its worker, or it will not be sent), so
-one burst of room is not given twice.
+shell, ``router/holding.py``, calls ``routed`` once the client's ``launch`` counted one on its
+worker, or it will not be sent), so one burst of room is not given twice.
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ class RouterService:
 async def run_router_service(cfg: RouterServiceConfig) -> None:
     tracing = Tracing("jetfleet-router", f"router-{os.getpid()}")  # OTLP export if configured
     stack = await RoutingStack.open(cfg.stack, name="router-service")
-    stack.client.held_reporter = f"router-{os.getpid()}"
+    stack.client.holding.reporter = f"router-{os.getpid()}"
 
     def vocab_size(model: str) -> int | None:
         served = stack.discovery.models.get(model)

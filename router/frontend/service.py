@@ -79,8 +79,8 @@ async def run_frontend(cfg: FrontendServiceConfig) -> None:
     stack = await RoutingStack.open(
         cfg.stack, cfg.frontend_id, metrics.count_placement, metrics.count_worker_change
     )
-    stack.client.on_held = metrics.held.set
-    stack.client.held_reporter = cfg.frontend_id
+    stack.client.holding.on_held = metrics.held.set
+    stack.client.holding.reporter = cfg.frontend_id
     app = Frontend(
         cfg.http,
         stack.discovery,

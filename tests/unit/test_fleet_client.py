@@ -90,7 +90,7 @@ def _routing_client(state: FleetState, **cfg: Any) -> tuple[FleetClient, list[in
     client = FleetClient(nc, Subjects("t"), state, router, ClientConfig(**cfg))
     client.publish = AsyncMock()  # type: ignore[method-assign]
     gauge: list[int] = []
-    client.on_held = gauge.append
+    client.holding.on_held = gauge.append
     return client, gauge
 
 
@@ -114,7 +114,7 @@ async def test_requests_wait_here_while_every_worker_has_a_queue_and_go_as_room_
     state.upsert(registration("w2", max_num_seqs=4))
     gen = await asyncio.wait_for(held[1], 2)
     assert gen.worker_id == "w2" and client.held_requests == 0 and gauge[-1] == 0
-    assert not client._holds.pending and not client._let_go  # each let go was counted
+    assert not client.holding.queue.pending and not client.holding.let_go  # each let go was counted
     await client.stop()
 
 
@@ -176,7 +176,7 @@ async def test_a_request_let_go_skips_the_workers_whose_queue_is_full() -> None:
     client.router.route = spy  # type: ignore[union-attr,method-assign]
     gen = await asyncio.wait_for(held, 2)
     assert routed == [("w2",)] and gen.worker_id == "w2"
-    assert not client._holds.pending and not client._let_go
+    assert not client.holding.queue.pending and not client.holding.let_go
     await client.stop()
 
 
@@ -184,7 +184,7 @@ async def test_a_frontend_says_how_many_it_holds_and_when_it_holds_none() -> Non
     """For the planner: held requests are in no worker's load report."""
     state = fleet_state(registration("w1", max_num_seqs=1))
     client, _ = _routing_client(state, hold_waiting_per_worker=1)
-    client.held_reporter = "f1"
+    client.holding.reporter = "f1"
     for rid in ("a", "b"):
         await client.generate(_request(rid))
     held = [asyncio.create_task(client.generate(_request(r))) for r in ("c", "d")]
