@@ -182,7 +182,8 @@ class FleetClient:
 
     def check_capacity(self, model: str, leg: Leg, lora: str | None = None) -> None:
         held = self.holding.held((model, leg.roles, lora))
-        if self.state.saturated(model, leg.roles, self.cfg.max_waiting_per_worker, lora, held):
+        bound = self.cfg.max_waiting_per_worker
+        if self.state.saturated(model, leg.roles, bound, lora, held, time.monotonic()):
             raise OverloadedError(f"every worker serving {model!r} is saturated")
 
     async def publish(self, request: Request, subject: str, traceparent: str | None) -> None:

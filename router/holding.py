@@ -101,8 +101,9 @@ class Holding:
         model, roles, lora = key
         if not self.state.candidates(model, roles, lora=lora):  # none left: on to wait, then 503
             return self.queue.held[key]
-        fresh_after = time.monotonic() - LOAD_REPORT_MAX_AGE_S
-        return self.state.room(model, roles, lora, self.per_worker, fresh_after)
+        now = time.monotonic()
+        fresh_after = now - LOAD_REPORT_MAX_AGE_S
+        return self.state.room(model, roles, lora, self.per_worker, fresh_after, now)
 
     def busy(self, key: HoldKey) -> list[str]:
         """The candidates with a full queue, which a request let go skips (unless that is all

@@ -326,3 +326,9 @@ def test_scale_out_bench():
     assert [m["hold_waiting_per_worker"] for m in d["medians"]] == [8, 0]
     for run in d["runs"]:
         assert run["all"]["requests"] > 0 and run["capacity_rps"] > 0
+
+
+def test_request_sums_bench():
+    d = run_bench("request_sums", "--workers", "8,64", "--calls", "200")
+    assert [r["workers"] for r in d["rows"]] == [8, 64]
+    assert all(r["kept_us"] > 0 and r["afresh_us"] > 0 for r in d["rows"])

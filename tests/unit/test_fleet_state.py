@@ -3,8 +3,11 @@ worker's progress as its engine step count moves."""
 
 from __future__ import annotations
 
-from router.fleet_state import FleetState
-from schemas import WorkerRegistration
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.fleet_state import SUM_REFRESH_S, FleetState
+from schemas import WorkerLoad, WorkerRegistration
 
 
 def reg(
@@ -81,3 +84,63 @@ def test_candidate_lists_are_built_once_per_change_of_who_may_serve() -> None:
     assert [v.worker_id for v in state.candidates("m")] == ["b", "c", "d"]
     state.remove("c")
     assert [v.worker_id for v in state.candidates("m")] == ["b", "d"]
+
+
+# ---- the sums a request asks for, kept between refreshes
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["count", "load", "capacity", "join", "leave"]),
+        st.integers(0, 5),  # which worker
+        st.integers(-2, 12),  # a delta, a count, a capacity
+        st.integers(0, 6),  # waiting
+    ),
+    max_size=60,
+)
+
+
+def _sums(state: FleetState, now: float | None, fresh_after: float) -> tuple[int, bool, int]:
+    return (
+        state.room("m", ("agg",), None, 3, fresh_after, now),
+        state.saturated("m", ("agg",), 4, None, 10, now),
+        state._sum(("m", ("agg",), None), "saturated", 4, 0.0, now),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OPS)
+def test_a_kept_sum_moves_with_each_change_as_a_fresh_one_would(ops: list) -> None:
+    """Counts, load reports, capacity changes, joins and leaves between two asks inside one
+    refresh period: the kept sums equal those summed afresh (the horizon held still)."""
+    state = FleetState()
+    for w in range(3):
+        state.upsert(WorkerRegistration(f"w{w}", "m", "agg", "mocker", 4, 100, 16))
+    now, fresh_after = 100.0, 90.0
+    _sums(state, now, fresh_after)  # kept from here
+    for kind, w, n, waiting in ops:
+        wid = f"w{w}"
+        if kind == "count":
+            state.count(wid, 1 if n >= 5 else -1)
+        elif kind == "load":
+            at = 95.0 if n % 2 else 80.0  # a fresh report, or one already older than the horizon
+            load = WorkerLoad(wid, "m", "agg", 0.0, max(n, 0), waiting, 4, 0.0, 100)
+            state.apply_load(load, at)
+        elif kind == "capacity":
+            state.upsert(WorkerRegistration(wid, "m", "agg", "mocker", max(n, 1), 100, 16))
+        elif kind == "join":
+            state.upsert(WorkerRegistration(wid, "m", "agg", "mocker", 4, 100, 16))
+        else:
+            state.remove(wid)
+        assert _sums(state, now + 0.5, fresh_after) == _sums(state, None, fresh_after)
+
+
+def test_a_kept_sum_is_summed_afresh_once_a_refresh_period() -> None:
+    """What only time changes (a report grown older than the horizon) shows at the next
+    refresh, not before."""
+    state = FleetState()
+    state.upsert(WorkerRegistration("w", "m", "agg", "mocker", 4, 100, 16))
+    state.apply_load(WorkerLoad("w", "m", "agg", 0.0, 4, 5, 4, 0.0, 100), 10.0)
+    assert state.room("m", ("agg",), None, 3, 5.0, now=10.0) == 0  # 5 waiting: trusted
+    assert state.room("m", ("agg",), None, 3, 11.0, now=10.5) == 0  # kept: the old horizon
+    assert SUM_REFRESH_S <= 1.0
+    assert state.room("m", ("agg",), None, 3, 11.0, now=11.0) == 7  # summed afresh: stale
