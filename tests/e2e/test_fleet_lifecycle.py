@@ -181,8 +181,8 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
 
 
 async def test_a_stall_with_no_other_worker_is_waited_out_not_failed(nats_server, tmp_path):
-    """The only worker goes silent (SIGSTOP, still registered: ``--ttl 60``) for twice the
-    frontend's stall timeout (1 s), then goes on, as an engine that crawls beside another's
+    """The only worker goes silent (SIGSTOP, still registered: ``--ttl 60``) past the frontend's
+    stall timeout (1 s), then goes on, as an engine that crawls beside another's
     cold start does. A migration had nowhere to go and ended the request in an error; it is
     waited out on its worker instead, and answered in full in one attempt."""
     f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--ttl", "60"))
@@ -204,8 +204,9 @@ async def test_a_stall_with_no_other_worker_is_waited_out_not_failed(nats_server
                         proc = f.group.children[serving.removeprefix(f"{f.prefix}-")].proc
                         stopped = proc.pid
                         os.kill(stopped, signal.SIGSTOP)
-                        # silent past two stall timeouts, each waited out, then it goes on
-                        await wait_for(lambda: _stalls_waited(f) >= 2, timeout=20)
+                        # silent past a stall timeout, waited out (the first of three), then
+                        # it goes on: two timeouts of margin on a loaded machine
+                        await wait_for(lambda: _stalls_waited(f) >= 1, timeout=20)
                         os.kill(stopped, signal.SIGCONT)
             await wait_for(lambda: len(obs.items) >= 1, timeout=10)
         assert usage is not None and usage["completion_tokens"] == body["max_tokens"]
