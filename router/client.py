@@ -441,13 +441,15 @@ class FleetClient:
                     gen.leg.stall_timeout_s,
                     progress,
                     elsewhere=partial(self._elsewhere, gen),
-                    patience=gen.leg.max_attempts,
+                    patience=0 if gen.leg.remote_prefill else gen.leg.max_attempts,
                 )
 
     def _elsewhere(self, gen: Generation) -> bool:
-        """Whether a live worker the request has not tried could take it (a migration's
-        route would find one)."""
+        """Whether a migration could go on: an attempt is left, and a live worker the request
+        has not tried could take it (its route would find one)."""
         req = gen.request
+        if req.attempt + 1 >= gen.leg.max_attempts:
+            return False  # the migration would give up
         tried = [*gen.tried, gen.worker_id]
         return bool(self.state.candidates(req.model, gen.leg.roles, tried, req.lora_name))
 

@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 from unittest.mock import AsyncMock, MagicMock
 
+import msgspec
 import pytest
 
 from router.client import ClientConfig, FleetClient, NoWorkersError, OverloadedError
@@ -65,6 +66,20 @@ async def test_a_worker_gone_while_the_request_was_routed_is_caught_at_registrat
     client = _client(state)
     gen = await client.launch(_request("a"), routed=("s", RouteDecision("kv", "gone")))
     assert gen.pending  # interrupted at once, not at the stall timeout
+
+
+async def test_a_stall_moves_only_where_a_migration_could_go_on() -> None:
+    """Another live worker, and an attempt left: a stall moves the request. No other worker,
+    or the last attempt (the migration would give up): it is waited on where it is."""
+    state = fleet_state(registration("w1"), registration("w2"))
+    client = _client(state)
+    gen = await client.launch(_request("a"), routed=("s", RouteDecision("kv", "w1")))
+    assert client._elsewhere(gen)
+    gen.request = msgspec.structs.replace(gen.request, attempt=client.agg.max_attempts - 1)
+    assert not client._elsewhere(gen)  # the last attempt
+    gen.request = msgspec.structs.replace(gen.request, attempt=0)
+    state.remove("w2")
+    assert not client._elsewhere(gen)  # no other worker
 
 
 async def test_a_request_is_released_before_its_caller_sees_the_final_chunk() -> None:
