@@ -425,9 +425,9 @@ class Indexer:
         snapshot it). Each shard's epoch key is written with its first position and vanishes
         with the rest: a shard with a position but no epoch, or an epoch missing while another
         shard has one, is such a partial index. The whole index is then wiped (routing
-        reservations are left alone), so the snapshot restore and the replay rebuild it. The
-        epoch is written anew at each call (the indexer's id and a random token), so a snapshot
-        read across a flush or a rebuild sees it change and is discarded.
+        reservations are left alone), so the snapshot restore and the replay rebuild it. A new
+        epoch (the indexer's id and a random token) is written where one was missing, so a
+        snapshot read across a flush or a rebuild sees it change and is discarded.
         Returns False when it was not intact."""
         shards = await self.index.ready()
         epochs = [bool(await s.redis.exists(s.keys.epoch)) for s in shards.shards]
@@ -448,6 +448,8 @@ class Indexer:
             self.index.reset()
             self.worker_models.clear()
             self.log.warning("indexer_rebuilding_lost_index", wiped_keys=wiped)
+        if intact and all(epochs):
+            return True  # kept: another group's lead does not void a snapshot being read
         epoch = f"{self.cfg.indexer_id}:{uuid.uuid4().hex[:8]}"  # a snapshot compares it
         for s in shards.shards:
             await s.redis.set(s.keys.epoch, epoch)

@@ -22,7 +22,7 @@ Per shard (``{b}`` = ``{ns}:v3:{<tag>}``):
 | ``{b}:loadd:{model}`` | hash | worker -> reserved decode blocks |
 | ``{b}:r:{request}`` | hash | one reservation (worker, model, p, d); TTL = reservation TTL |
 | ``{b}:rexp`` | zset | request id -> expiry (ms); expired reservations are released lazily |
-| ``{b}:epoch`` | string | new at each lead (id, token), with the first position; FLUSHALL: gone |
+| ``{b}:epoch`` | string | id and token, new where missing at a lead; FLUSHALL: gone |
 
 Shard 0 also holds the slot table's source and its free lists:
 

@@ -300,6 +300,23 @@ async def test_a_snapshot_read_across_a_flush_is_discarded_not_restored(
     await run.halt()
 
 
+async def test_the_epoch_is_kept_across_leads_and_new_after_a_flush(nc, subjects, rig):
+    """Another lead over an intact index (another group's leader, a restart) keeps the epoch, so
+    a snapshot being read is not voided for it; a flush's missing key gets a new one."""
+    run = Running(rig())
+    await wait_for(lambda: run.indexer.metrics.leader._value.get() == 1, timeout=10)
+    first = await run.indexer._epochs()
+    assert all(first)
+    assert await run.indexer.check_epoch() and await run.indexer._epochs() == first
+    redis = run.indexer.redis
+    async for key in redis.scan_iter(match=f"jf:{subjects.prefix}:*"):
+        await redis.delete(key)
+    await run.indexer.check_epoch()
+    renewed = await run.indexer._epochs()
+    assert all(renewed) and renewed != first
+    await run.halt()
+
+
 async def _dump_is(indexer: Indexer, expected: dict) -> bool:
     return await indexer.index.dump() == expected
 
