@@ -14,7 +14,8 @@ workers and with 1,024. Callers must not change the lists they are given.
 The sums a request asks for over its candidates (``saturated``: room left before shedding;
 ``room``: room left before holding) are kept the same way when the caller gives the time: each
 is summed over the candidates at most once a ``SUM_REFRESH_S`` (and when who may serve changes),
-and between, a worker's count or load report moves it by that worker's change alone. A request
+and between, a worker's count or load report moves it by that worker's change alone (at most
+``MAX_KEPT_SUMS`` are kept a model, the least recently summed dropped first). A request
 then costs the same with 16 workers and with 4,096 (a pass over 1,024 cost ~0.5 ms for each
 sum); what only time changes (a report growing older than ``fresh_after``) is seen at the next
 refresh.
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from schemas import WorkerLoad, WorkerRegistration
 
 SUM_REFRESH_S = 1.0  # a kept sum over the candidates is summed again at least this often
+MAX_KEPT_SUMS = 128  # a model's kept sums (two a key: its roles and adapters)
 _SumKey = tuple[str, tuple[str, ...], str | None, str, int]  # model, roles, lora, kind, bound
 
 
@@ -98,7 +100,7 @@ class FleetState:
     _lists: dict[tuple[str, tuple[str, ...], str | None], tuple[int, list[WorkerView]]] = field(
         default_factory=dict, init=False, repr=False
     )
-    _sums: dict[_SumKey, _Sum] = field(default_factory=dict, init=False, repr=False)
+    _sums: dict[str, dict[_SumKey, _Sum]] = field(default_factory=dict, init=False, repr=False)
 
     def on_departure(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(worker_id)`` for each worker removed from now on."""
@@ -145,8 +147,9 @@ class FleetState:
             self._moved(view)
 
     def _moved(self, view: WorkerView) -> None:
-        """The worker's counts changed: move each kept sum it is in by its own change."""
-        for agg in self._sums.values():
+        """The worker's counts changed: move each kept sum it is in by its own change (only
+        its model's sums are looked at)."""
+        for agg in self._sums.get(view.reg.model, {}).values():
             old = agg.terms.get(view.worker_id)
             if old is not None:
                 new = agg.term(view)
@@ -162,20 +165,29 @@ class FleetState:
         now: float | None,
     ) -> int:
         """``kind``'s sum over the key's candidates: kept when ``now`` is given (see the module's
-        docstring), summed afresh otherwise."""
+        docstring), summed afresh otherwise. A kept sum serves a caller whose ``fresh_after``
+        is at most ``SUM_REFRESH_S`` past the one it was summed with (a caller with another
+        horizon gets a fresh one)."""
         model, roles, lora = key
         cands = self.candidates(model, roles, lora=lora)
-        agg = self._sums.get((*key, kind, bound)) if now is not None else None
-        fresh = agg is not None and agg.version == self.version
-        if agg is not None and fresh and now is not None and now - agg.at < SUM_REFRESH_S:
+        kept = self._sums.setdefault(model, {}) if now is not None else {}
+        agg = kept.get((*key, kind, bound))
+        if (
+            agg is not None
+            and now is not None
+            and agg.version == self.version
+            and now - agg.at < SUM_REFRESH_S
+            and 0.0 <= fresh_after - agg.fresh_after < SUM_REFRESH_S
+        ):
             return agg.total
         agg = _Sum(kind, bound, fresh_after, self.version, now or 0.0, {}, 0)
         agg.terms = {v.worker_id: agg.term(v) for v in cands}
         agg.total = sum(agg.terms.values())
         if now is not None:
-            if len(self._sums) > 64:
-                self._sums.clear()
-            self._sums[(*key, kind, bound)] = agg
+            kept.pop((*key, kind, bound), None)
+            if len(kept) >= MAX_KEPT_SUMS:  # the longest kept goes (adapters come and go)
+                del kept[next(iter(kept))]
+            kept[(*key, kind, bound)] = agg
         return agg.total
 
     def progress_at(self, worker_id: str) -> float:

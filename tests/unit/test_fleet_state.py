@@ -3,9 +3,11 @@ worker's progress as its engine step count moves."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from router import fleet_state as fleet_state_module
 from router.fleet_state import SUM_REFRESH_S, FleetState
 from schemas import WorkerLoad, WorkerRegistration
 
@@ -140,7 +142,31 @@ def test_a_kept_sum_is_summed_afresh_once_a_refresh_period() -> None:
     state = FleetState()
     state.upsert(WorkerRegistration("w", "m", "agg", "mocker", 4, 100, 16))
     state.apply_load(WorkerLoad("w", "m", "agg", 0.0, 4, 5, 4, 0.0, 100), 10.0)
-    assert state.room("m", ("agg",), None, 3, 5.0, now=10.0) == 0  # 5 waiting: trusted
-    assert state.room("m", ("agg",), None, 3, 11.0, now=10.5) == 0  # kept: the old horizon
+    assert state.room("m", ("agg",), None, 3, 9.5, now=10.0) == 0  # 5 waiting: trusted
+    assert state.room("m", ("agg",), None, 3, 10.2, now=10.5) == 0  # kept: the old horizon
     assert SUM_REFRESH_S <= 1.0
-    assert state.room("m", ("agg",), None, 3, 11.0, now=11.0) == 7  # summed afresh: stale
+    assert state.room("m", ("agg",), None, 3, 10.5, now=11.0) == 7  # summed afresh: stale
+
+
+def test_a_caller_with_another_horizon_gets_a_fresh_sum() -> None:
+    state = FleetState()
+    state.upsert(WorkerRegistration("w", "m", "agg", "mocker", 4, 100, 16))
+    state.apply_load(WorkerLoad("w", "m", "agg", 0.0, 4, 5, 4, 0.0, 100), 10.0)
+    assert state.room("m", ("agg",), None, 3, 5.0, now=10.0) == 0  # the report trusted
+    assert state.room("m", ("agg",), None, 3, 20.0, now=10.1) == 7  # this caller does not
+
+
+def test_more_keys_than_are_kept_still_sum_right(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adapters come and go: past ``MAX_KEPT_SUMS`` a model's least recently summed is dropped,
+    and every sum stays what a fresh one gives."""
+    monkeypatch.setattr(fleet_state_module, "MAX_KEPT_SUMS", 4)
+    state = FleetState()
+    loras = tuple(f"a{i}" for i in range(6))
+    for w in range(3):
+        state.upsert(WorkerRegistration(f"w{w}", "m", "agg", "mocker", 4, 100, 16, loras=loras[w:]))
+    for step in range(40):
+        lora = loras[step % len(loras)]
+        state.count(f"w{step % 3}", 1)
+        kept = state.room("m", ("agg",), lora, 2, 0.0, now=1.0)
+        assert kept == state.room("m", ("agg",), lora, 2, 0.0)
+        assert len(state._sums["m"]) <= 4
