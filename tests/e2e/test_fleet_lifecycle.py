@@ -6,7 +6,9 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any
 
 import httpx
 import pytest
@@ -148,7 +150,7 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
     """SIGSTOP: the worker stays in discovery (``--ttl 60``) but sends nothing; only the
     frontend's stall timeout (1 s) can move the stream to the other worker."""
     f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--ttl", "60"))
-    stopped: int | None = None
+    stopped: list[int] = []  # SIGSTOPped, to SIGCONT
     try:
         f.add_worker()
         f.add_worker()
@@ -158,25 +160,15 @@ async def test_a_worker_that_hangs_but_stays_registered_loses_its_stream(nats_se
         # after the third token on a loaded machine too
         body = {"model": M, "prompt": "hang", "max_tokens": 1000, "stream": True, "seed": 5}
         body["stream_options"] = {"include_usage": True}
-        usage, n_text, started = None, 0, time.monotonic()
-        async with Observations(f) as obs, httpx.AsyncClient(timeout=30) as client:
-            async with client.stream("POST", f"{f.base_url}/v1/completions", json=body) as r:
-                async for event in sse_events(r):
-                    n_text += bool(event["choices"])
-                    usage = event.get("usage") or usage
-                    if stopped is None and n_text >= 3:
-                        serving = await _serving_worker(f)
-                        proc = f.group.children[serving.removeprefix(f"{f.prefix}-")].proc
-                        stopped = proc.pid
-                        os.kill(stopped, signal.SIGSTOP)
-            await wait_for(lambda: len(obs.items) >= 1, timeout=10)
+        started = time.monotonic()
+        usage, seen, serving = await _stream_stopping_its_worker(f, body, stopped)
         assert usage is not None and usage["completion_tokens"] == body["max_tokens"]
-        assert obs.items[-1].attempts == 2 and obs.items[-1].status == "ok"
+        assert seen.attempts == 2 and seen.status == "ok"
         assert await _has(f, serving)  # still registered: only the stall timeout moved it
         assert time.monotonic() - started < 25
     finally:
-        if stopped is not None:
-            os.kill(stopped, signal.SIGCONT)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
         f.stop()
 
 
@@ -186,34 +178,26 @@ async def test_a_stall_with_no_other_worker_is_waited_out_not_failed(nats_server
     cold start does. A migration had nowhere to go and ended the request in an error; it is
     waited out on its worker instead, and answered in full in one attempt."""
     f = Fleet(nats_server.url, tmp_path, worker_args=("--speedup", "1", "--ttl", "60"))
-    stopped: int | None = None
+    stopped: list[int] = []  # SIGSTOPped, to SIGCONT
     try:
         f.add_worker()
         f.start_frontend("--router", "round-robin", "--stall-timeout", "1")
         await wait_for(lambda: _count(f, 1), timeout=20)
         body = {"model": M, "prompt": "crawl", "max_tokens": 300, "stream": True, "seed": 5}
         body["stream_options"] = {"include_usage": True}
-        usage, n_text = None, 0
-        async with Observations(f) as obs, httpx.AsyncClient(timeout=60) as client:
-            async with client.stream("POST", f"{f.base_url}/v1/completions", json=body) as r:
-                async for event in sse_events(r):
-                    n_text += bool(event["choices"])
-                    usage = event.get("usage") or usage
-                    if stopped is None and n_text >= 3:
-                        serving = await _serving_worker(f)
-                        proc = f.group.children[serving.removeprefix(f"{f.prefix}-")].proc
-                        stopped = proc.pid
-                        os.kill(stopped, signal.SIGSTOP)
-                        # silent past a stall timeout, waited out (the first of three), then
-                        # it goes on: two timeouts of margin on a loaded machine
-                        await wait_for(lambda: _stalls_waited(f) >= 1, timeout=20)
-                        os.kill(stopped, signal.SIGCONT)
-            await wait_for(lambda: len(obs.items) >= 1, timeout=10)
+
+        async def go_on() -> None:
+            # silent past a stall timeout, waited out (the first of three), then it goes on:
+            # two timeouts of margin on a loaded machine
+            await wait_for(lambda: _stalls_waited(f) >= 1, timeout=20)
+            os.kill(stopped[0], signal.SIGCONT)
+
+        usage, seen, _ = await _stream_stopping_its_worker(f, body, stopped, go_on, timeout=60)
         assert usage is not None and usage["completion_tokens"] == body["max_tokens"]
-        assert obs.items[-1].attempts == 1 and obs.items[-1].status == "ok"
+        assert seen.attempts == 1 and seen.status == "ok"
     finally:
-        if stopped is not None:
-            os.kill(stopped, signal.SIGCONT)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
         f.stop()
 
 
@@ -253,6 +237,33 @@ async def _worker_of(fleet: Fleet, request_id: str) -> str:
         return decode(msg.data or b"", TokenChunk).worker_id
     finally:
         await nc.close()
+
+
+async def _stream_stopping_its_worker(
+    fleet: Fleet,
+    body: dict[str, Any],
+    stopped: list[int],
+    then: Callable[[], Awaitable[None]] | None = None,
+    timeout: float = 30,
+) -> tuple[dict[str, Any] | None, RequestObservation, str]:
+    """Stream ``body``; after its third token SIGSTOP the worker serving it (its pid into
+    ``stopped``, for the caller to SIGCONT) and await ``then``. Returns the usage, the
+    request's observation and the worker that was stopped."""
+    usage, n_text, serving = None, 0, ""
+    async with Observations(fleet) as obs, httpx.AsyncClient(timeout=timeout) as client:
+        async with client.stream("POST", f"{fleet.base_url}/v1/completions", json=body) as r:
+            async for event in sse_events(r):
+                n_text += bool(event["choices"])
+                usage = event.get("usage") or usage
+                if not stopped and n_text >= 3:
+                    serving = await _serving_worker(fleet)
+                    proc = fleet.group.children[serving.removeprefix(f"{fleet.prefix}-")].proc
+                    stopped.append(proc.pid)
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    if then is not None:
+                        await then()
+        await wait_for(lambda: len(obs.items) >= 1, timeout=10)
+    return usage, obs.items[-1], serving
 
 
 def _stalls_waited(fleet: Fleet) -> int:
