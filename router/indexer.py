@@ -430,7 +430,7 @@ class Indexer:
         snapshot read across a flush or a rebuild sees it change and is discarded.
         Returns False when it was not intact."""
         shards = await self.index.ready()
-        epochs = [bool(await s.redis.exists(s.keys.epoch)) for s in shards.shards]
+        epochs = [e is not None for e in await self._epochs()]
         positions = [bool(await s.redis.hlen(s.keys.pos)) for s in shards.shards]
         intact = all(epochs) or (not any(epochs) and not any(positions))
         if not wipe:
