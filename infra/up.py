@@ -116,10 +116,12 @@ def _start_connector(
     common: list[str],
     engine: list[str],
     ops: dict[str, int],
+    cpu_sets: list[str] | None = None,
 ) -> None:
     """The local connector starts (and owns) the workers; the planner (``_start_planner``,
-    once the fleet is ready) resizes them."""
+    once the fleet is ready) resizes them. ``cpu_sets``: the cores its workers may be given."""
     initial = [f"{role}={n}" for role, n in _pools(args).items()]
+    cores = [flag for c in cpu_sets or [] for flag in ("--worker-cores", c)]
     group.start(
         "connector",
         cli_command(
@@ -132,6 +134,7 @@ def _start_connector(
             str(group.log_dir),
             "--metrics-port",
             str(ops["connector"]),
+            *cores,
         ),
     )
 
@@ -192,6 +195,46 @@ def _pools(args: argparse.Namespace) -> dict[str, int]:
     return {"agg": args.workers}
 
 
+def _most_engines(args: argparse.Namespace) -> int:
+    """The most engines the fleet runs at once: those it starts with, or with the planner what
+    its bounds let it scale to (each pool's ``--max-replicas``, all within
+    ``--max-total-replicas``)."""
+    pools = _pools(args)
+    if not args.planner:
+        return sum(pools.values())
+    from infra.cli.planner_args import planner_config
+
+    cfg = planner_config(args)
+    most = sum(max(n, cfg.max_for(role)) for role, n in pools.items())
+    return max(sum(pools.values()), min(most, cfg.max_total_replicas))
+
+
+def _place_cpu_engines(args: argparse.Namespace, usable: list[int]) -> list[str] | None:
+    """A CPU build's threads (``args.cpu_threads``, unless given: the cores shared out among the
+    engines it starts with) and the cores of each engine (None: unpinned). A fixed fleet's
+    n-th engine takes the n-th slice; the planner's connector gives each engine it starts the
+    slice fewest of its engines run on, so an engine started to meet a burst does not share the
+    cores of the one serving it, where the slices allow. A planner that may run more engines than
+    the cores hold at these threads is said at the start: an engine started then slows the
+    others down more than it adds (measured: docs/engines/vllm.md)."""
+    engines = sum(_pools(args).values())
+    if args.cpu_threads is None:
+        args.cpu_threads = fleet_cpu_threads(len(usable), engines)
+    if args.cpu_cores is not None:
+        return None
+    if not args.planner:
+        return fleet_cpu_sets(usable, engines, args.cpu_threads)
+    most = _most_engines(args)
+    if most * args.cpu_threads > len(usable):
+        _say(
+            f"jetfleet up: the planner may run {most} engines of {args.cpu_threads} threads on "
+            f"{len(usable)} cores; engines past {max(1, len(usable) // args.cpu_threads)} share "
+            "cores and slow each other down (--max-replicas ROLE=N or --cpu-threads T sizes them)"
+        )
+    slices = list(dict.fromkeys(fleet_cpu_sets(usable, most, args.cpu_threads) or []))
+    return slices if len(slices) > 1 or (slices and len(usable) > args.cpu_threads) else None
+
+
 def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
     import uvloop
 
@@ -230,16 +273,12 @@ def run_up(args: argparse.Namespace, subjects: Subjects) -> int:
                 return 1
         cpu_sets = None  # (a GPU ignores both)
         if args.engine == "vllm":
-            usable, engines = sorted(os.sched_getaffinity(0)), sum(_pools(args).values())
-            if args.cpu_threads is None:
-                args.cpu_threads = fleet_cpu_threads(len(usable), engines)
-            if args.cpu_cores is None and not args.planner:  # (the planner's fleet changes)
-                cpu_sets = fleet_cpu_sets(usable, engines, args.cpu_threads)
+            cpu_sets = _place_cpu_engines(args, sorted(os.sched_getaffinity(0)))
         engine = engine_argv(args)
         ops: dict[str, int] = {}  # operations ports: /metrics, /health, /ready
         if args.planner:
             ops["planner"], ops["connector"] = free_port(), free_port()
-            _start_connector(args, group, common, engine, ops)
+            _start_connector(args, group, common, engine, ops, cpu_sets)
         else:
             _start_workers(args, group, common, engine, cpu_sets)
         if args.router == "kv":

@@ -96,7 +96,8 @@ VLLM = ConfigFlags(
         "cpu_cores",
         help="CPU build: the cores this worker and its engine run on, a CPU list like 0-3,8 "
         "(default: where the OS puts them; up: cores of its own for each engine it starts, "
-        "when there are two or more or a core is kept for the fleet; none: never pinned)",
+        "when there are two or more or a core is kept for the fleet, with the planner for the "
+        "most it may run; none: never pinned)",
     ),
     title="vLLM engine (--engine vllm; bash infra/bootstrap.sh vllm sets it up)",
 )

@@ -36,6 +36,7 @@ from planner.connectors.kubernetes import (
 )
 from planner.connectors.local import LocalScaler, LocalScalerConfig
 from schemas import Subjects
+from workers.engines.vllm.cpu_list import parse_cpu_list
 
 log = structlog.get_logger("jetfleet.connector")
 
@@ -91,9 +92,14 @@ def local_config(
     worker_args: list[str],
     log_level: str,
     start_timeout_s: float,
+    cpu_sets: list[str] | None = None,
 ) -> LocalScalerConfig:
-    """``nats_url``: the URL the started workers connect with (``--worker-nats``)."""
+    """``nats_url``: the URL the started workers connect with (``--worker-nats``);
+    ``cpu_sets``: the cores a worker may be given (``--worker-cores``)."""
+    for cores in cpu_sets or []:
+        parse_cpu_list(cores)  # a bad list is refused here, not by every worker it starts
     return LocalScalerConfig(
+        cpu_sets=tuple(cpu_sets or ()),
         start_timeout_s=start_timeout_s,
         nats_url=nats_url,
         worker_command=tuple(cli_command("worker")),

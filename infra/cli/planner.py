@@ -108,6 +108,14 @@ def add_commands(sub: Any) -> None:
         "a real model loads in minutes on a laptop CPU)",
     )
     loc.add_argument(
+        "--worker-cores",
+        action="append",
+        default=[],
+        metavar="CPU_LIST",
+        help="cores a worker may be given, repeatable: each worker started runs on the one "
+        "fewest of its workers run on (--cpu-cores; up gives a CPU engine's slices)",
+    )
+    loc.add_argument(
         "--worker-nats",
         default=None,
         help="NATS URL the workers it starts connect with (their own user under per-role "
@@ -200,6 +208,7 @@ def run(args: argparse.Namespace, subjects: Subjects, runner: Callable[[Any], An
             [*engine_argv(args), "--metrics-port", "-1"],  # each worker advertises its port
             args.log_level,
             args.worker_start_timeout or ENGINE_START_TIMEOUT_S[args.engine],
+            args.worker_cores,
         )
         return int(
             runner(

@@ -9,7 +9,9 @@ registered must not start another; workers started by someone else count but are
 touched.
 
 - **Up**: start the missing workers and wait until each has registered as ready (``applied``)
-  or one exits or ``start_timeout_s`` passes (``failed``, with the log tail).
+  or one exits or ``start_timeout_s`` passes (``failed``, with the log tail). Given
+  ``cpu_sets`` (``jetfleet up`` gives a CPU engine's slices), each runs on the slice fewest own
+  workers run on: one started to meet a burst does not share the cores of the one serving it.
 - **Down**: the newest own workers of the role (coldest caches) get SIGTERM and drain: status
   ``draining`` (routers stop sending), in-flight requests finish (past the worker's drain timeout
   the rest are aborted and the frontends migrate them), deregistration, exit. ``applied`` once
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,15 @@ class LocalScalerConfig:
     """Longest wait for a draining worker before it is killed (keep above its drain timeout)."""
     log_level: str = "info"
     env: dict[str, str] = field(default_factory=dict)
+    cpu_sets: tuple[str, ...] = ()
+    """The cores each worker may be given (``--cpu-cores``, CPU lists): a started worker takes the
+    one fewest own workers run on (none given: where the OS puts it)."""
+
+
+def least_used(cpu_sets: Sequence[str], in_use: Iterable[str]) -> str:
+    """Of ``cpu_sets``, the first that fewest of ``in_use`` (the sets of running workers) are."""
+    used = Counter(in_use)
+    return min(cpu_sets, key=lambda cores: used[cores])
 
 
 class LocalScaler:
@@ -64,6 +77,7 @@ class LocalScaler:
         self.watch = watch
         self.group = ProcessGroup(cfg.log_dir)
         self.own: dict[str, list[str]] = {}
+        self.cores: dict[str, str] = {}  # own worker (name) -> the cores it was given
         self._n = 0
         self.started = 0
         self.stopped = 0
@@ -71,7 +85,7 @@ class LocalScaler:
     def owned(self, role: str) -> int:
         return len(self.own.get(role, []))
 
-    def _argv(self, role: str, worker_id: str) -> list[str]:
+    def _argv(self, role: str, worker_id: str, cores: str | None) -> list[str]:
         return [
             *self.cfg.worker_command,
             "--nats",
@@ -87,6 +101,7 @@ class LocalScaler:
             "--managed-by",
             self.name,
             *self.cfg.worker_args,
+            *(["--cpu-cores", cores] if cores is not None else []),
         ]
 
     async def start_workers(self, role: str, count: int) -> ScaleResult:
@@ -95,7 +110,10 @@ class LocalScaler:
             name = f"{role}-{self._n}"
             self._n += 1
             worker_id = f"{self.cfg.id_prefix}-{name}"
-            self.group.start(name, self._argv(role, worker_id), env=self.cfg.env)
+            cores = None
+            if self.cfg.cpu_sets:
+                cores = self.cores[name] = least_used(self.cfg.cpu_sets, self.cores.values())
+            self.group.start(name, self._argv(role, worker_id, cores), env=self.cfg.env)
             self.own.setdefault(role, []).append(name)
             names.append(name)
             self.started += 1
@@ -118,6 +136,7 @@ class LocalScaler:
         )
 
     def _forget(self, role: str, name: str) -> None:
+        self.cores.pop(name, None)
         with_role = self.own.get(role, [])
         if name in with_role:
             with_role.remove(name)
@@ -130,6 +149,8 @@ class LocalScaler:
         codes = await asyncio.gather(
             *(asyncio.to_thread(self.group.stop, n, self.cfg.stop_timeout_s) for n in chosen)
         )
+        for name in chosen:  # their cores are free once they have exited
+            self.cores.pop(name, None)
         self.stopped += len(chosen)
         detail = ", ".join(f"{n} exit {c}" for n, c in zip(chosen, codes, strict=True))
         if len(chosen) < count:
@@ -169,6 +190,7 @@ class LocalScaler:
     async def close(self) -> None:
         await asyncio.to_thread(self.group.stop_all, self.cfg.stop_timeout_s)
         self.own.clear()
+        self.cores.clear()
 
     def stats(self) -> dict[str, Any]:
         return {"started": self.started, "stopped": self.stopped, "own": dict(self.own)}

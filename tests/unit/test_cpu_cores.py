@@ -55,6 +55,60 @@ def test_up_gives_each_engine_cores_of_its_own(
     assert fleet_cpu_sets(cores, engines, threads) == want
 
 
+def test_a_connector_starts_each_engine_on_the_slice_fewest_run_on() -> None:
+    from planner.connectors.local import least_used
+
+    assert least_used(["0", "1"], []) == "0"
+    assert least_used(["0", "1"], ["0"]) == "1"  # the engine started to meet a burst
+    assert least_used(["0", "1"], ["1"]) == "0"  # the freed slice is taken again
+    assert least_used(["0", "1"], ["0", "1"]) == "0"  # all taken: shared, the first first
+    assert least_used(["1-3", "4-6", "7-9"], ["1-3", "4-6", "1-3"]) == "7-9"
+
+
+def _up(argv: list[str], cores: int, capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
+    from infra.cli import parse_args
+    from infra.up import _place_cpu_engines
+
+    args = parse_args(["up", "--engine", "vllm", "--model", ".", *argv])
+    sets = _place_cpu_engines(args, list(range(cores)))
+    return (args.cpu_threads, sets), capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "cores", "threads", "sets", "warned"),
+    [
+        # a fixed fleet: its engines share the cores out, each on a slice (as before)
+        (["--no-planner"], 2, 1, ["0", "1"], False),  # up's default: two workers
+        (["--no-planner", "--workers", "1"], 2, 2, None, False),
+        # the planner: threads for the engines it starts with, slices for the most it may run
+        ([], 2, 1, ["0", "1"], True),  # two to start with, up to 8: two to a core past two
+        (["--max-replicas", "agg=2"], 2, 1, ["0", "1"], False),
+        (["--workers", "1", "--max-replicas", "agg=2", "--cpu-threads", "1"],
+         2, 1, ["0", "1"], False),
+        (["--workers", "1", "--max-replicas", "agg=3", "--max-total-replicas", "2",
+          "--cpu-threads", "1"], 2, 1, ["0", "1"], False),
+        (["--workers", "1", "--max-replicas", "agg=2"], 8, 7, ["1-7"], True),  # the fleet's core
+        (["--workers", "1", "--max-replicas", "agg=2", "--cpu-threads", "3"],
+         8, 3, ["1-3", "4-6"], False),
+        # one engine on every core, and more may come: unpinned, and said
+        (["--workers", "1", "--max-replicas", "agg=2"], 2, 2, None, True),
+        (["--workers", "1", "--max-replicas", "agg=1"], 2, 2, None, False),
+        (["--max-replicas", "agg=2", "--cpu-cores", "none"], 2, 1, None, False),
+    ],
+)  # fmt: skip
+def test_up_sizes_and_places_the_engines_the_planner_may_start(
+    argv: list[str],
+    cores: int,
+    threads: int,
+    sets: list[str] | None,
+    warned: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    placed, said = _up(argv, cores, capsys)
+    assert placed == (threads, sets)
+    assert ("slow each other down" in said) is warned, said
+
+
 PROBE = """
 import json, os, subprocess, sys, threading
 from workers.engines.vllm.pinning import pin_process

@@ -10,6 +10,7 @@ from nats.aio.client import Client as NATS
 
 from schemas import Subjects
 from schemas.control import ControlReply, ControlRequest
+from workers.engines.vllm.cpu_list import parse_cpu_list
 from workers.engines.vllm.lifeline import OWNER_ENV
 
 
@@ -18,6 +19,15 @@ def _state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return None
+
+
+def cores_of(pid: int, tid: int | None = None) -> frozenset[int]:
+    """The cores a process (or one of its threads) may run on."""
+    path = f"/proc/{pid}/task/{tid}/status" if tid else f"/proc/{pid}/status"
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return parse_cpu_list(line.split(":", 1)[1])
+    raise AssertionError(f"no Cpus_allowed_list in {path}")
 
 
 def alive(pid: int) -> bool:

@@ -13,19 +13,11 @@ import pytest
 
 from tests.support.up import Up, running_up, wait_ready_workers
 from tests.vllm_engine.conftest import START_TIMEOUT_S
-from tests.vllm_engine.support import engine_processes
+from tests.vllm_engine.support import cores_of, engine_processes
 from workers.engines.vllm.cpu_list import parse_cpu_list
 from workers.engines.vllm.platform import fleet_cpu_sets, fleet_cpu_threads
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
-
-
-def _cores(pid: int, tid: int | None = None) -> frozenset[int]:
-    path = f"/proc/{pid}/task/{tid}/status" if tid else f"/proc/{pid}/status"
-    for line in Path(path).read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return parse_cpu_list(line.split(":", 1)[1])
-    raise AssertionError(f"no Cpus_allowed_list in {path}")
 
 
 def _threads(pid: int) -> list[int]:
@@ -54,8 +46,8 @@ def test_each_engine_runs_on_cores_of_its_own(pinned_fleet: Up) -> None:
         owner = int(worker["pid"])
         engines = engine_processes(owner)
         assert len(engines) >= 2, f"worker {owner}: no EngineCore and Worker under it"
-        cores = {_cores(owner)}
-        cores |= {_cores(pid, tid) for pid in engines for tid in _threads(pid)}
+        cores = {cores_of(owner)}
+        cores |= {cores_of(pid, tid) for pid in engines for tid in _threads(pid)}
         assert len(cores) == 1, f"worker {owner}'s processes run on different cores: {cores}"
         placed.append(cores.pop())
     assert want is not None  # two engines are always pinned

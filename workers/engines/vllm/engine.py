@@ -65,6 +65,7 @@ from workers.engine import (
 from workers.engines.vllm.backend import RealVllmBackend, VllmBackend
 from workers.engines.vllm.config import VllmEngineConfig
 from workers.engines.vllm.control import CPU_CANNOT_SLEEP, VllmControl
+from workers.engines.vllm.cpu_list import format_cpu_list
 from workers.engines.vllm.kv_events import BatchReader, DecodeOptions
 from workers.engines.vllm.kv_follow import KvFollower
 from workers.engines.vllm.lora import LoraRegistry
@@ -189,6 +190,8 @@ class VllmEngine:
             max_num_seqs=started.max_num_seqs,
             max_num_batched_tokens=started.max_num_batched_tokens,
             cpu_threads=os.environ.get("OMP_NUM_THREADS") if started.on_cpu else None,
+            # the cores it runs on (pinned, or all this process may use), and vLLM's processes
+            cpu_cores=format_cpu_list(sorted(os.sched_getaffinity(0))) if started.on_cpu else None,
         )
 
     async def stop(self) -> None:

@@ -20,7 +20,8 @@ on a laptop:
 - the cores (``cpu_cores``, a Linux CPU list such as ``0-3,8``): the worker and the engine
   processes it starts run on these cores only (``pin_process``, inherited by vLLM's processes).
   ``jetfleet up`` gives each CPU engine it starts cores of its own (``fleet_cpu_sets``) when it
-  starts more than one or keeps a core for the fleet; a lone engine on every core, or ``none``,
+  starts more than one or keeps a core for the fleet (with the planner: slices for the most
+  engines it may run, handed out by its connector); a lone engine on every core, or ``none``,
   stays where the OS puts it. Each engine is two busy processes: ``VLLM::Worker`` computes the
   step while ``EngineCore`` spins (``sched_yield``) on shared memory for its answer. Left to
   the OS, two engines on two cores gave their spinners half a core that the other engine's
