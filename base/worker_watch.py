@@ -220,14 +220,20 @@ class WorkerWatch:
             self._tasks.remove(task)
 
     async def _unregister(self, worker_id: str, reg: WorkerRegistration | None) -> None:
-        """Delete the registration of a worker judged gone, unless it is a newer process's."""
+        """Delete the registration of a worker judged gone, unless it is a newer process's, or
+        the worker was heard again meanwhile (a worker stalled for just over its TTL: a pause,
+        a stopped process, a starved core). Heard again after the read, before the deletion
+        landed, it is put back at once: its join came before the deletion, and no later one
+        would (the registration was gone until its own refresh, 5 minutes)."""
         if self._registrations is None:
             return
         try:
             entry = await self._registrations.get(worker_id)
         except Exception:  # already gone (deregistered, another judge)
-            self._deleted.add(worker_id)
+            self._deleted_or_restore(worker_id)
             return
+        if worker_id in self.live:
+            return  # heard again while the registration was read
         try:
             current = decode(entry.value or b"", WorkerRegistration)
         except WireDecodeError:
@@ -237,7 +243,15 @@ class WorkerWatch:
         with contextlib.suppress(Exception):  # another judge was first
             await self._registrations.delete(worker_id, last=entry.revision)
             log.info("worker_registration_deleted", worker_id=worker_id, why="no heartbeat")
-        self._deleted.add(worker_id)
+        self._deleted_or_restore(worker_id)
+
+    def _deleted_or_restore(self, worker_id: str) -> None:
+        """After a deletion: put the registration back if the worker is live again, else
+        remember it, to put it back when the worker is heard (``_watch``)."""
+        if worker_id in self.live and (reg := self.regs.get(worker_id)) is not None:
+            self._spawn(self._restore([reg], check=False))
+        else:
+            self._deleted.add(worker_id)
 
     async def _judge_loop(self) -> None:
         """Say every second that a judge is there; and delete registrations no heartbeat

@@ -170,6 +170,50 @@ async def test_a_judge_puts_back_the_registration_of_a_worker_whose_heartbeats_r
         await judge.stop()
 
 
+@pytest.mark.parametrize("during", ["get", "delete"])
+async def test_a_worker_heard_again_while_the_judge_deletes_it_stays_registered(fleet, during):
+    """A worker stalled for just over its TTL (a CI run: SIGSTOPped by a test, then let go) is
+    judged gone, and its heartbeat comes again while the judge reads (``get``) or deletes
+    (``delete``) its registration: the registration is kept, or put back at once. (Before, its
+    join came before the deletion and no later one did: the worker stayed out of every
+    frontend's routing until its own refresh, 5 minutes later.)"""
+    nc, subjects = fleet
+    judge = WorkerWatch(nc, subjects, judge=True, expire_every_s=0.1)
+    await judge.start()
+    w = Beating(nc.jetstream(), subjects, f"w-{during}")
+    await w.start()
+    regs = await nc.jetstream().key_value(subjects.bucket_name(WORKERS_BUCKET))
+    assert judge._registrations is not None
+    real = getattr(judge._registrations, during)
+    calls: list[str] = []
+
+    async def as_the_worker_beats_again(key: str, **kw: object) -> object:
+        if calls:
+            return await real(key, **kw)
+        w.task = asyncio.create_task(w._loop())  # the stalled worker runs again
+        await wait_for(lambda: key in judge.live, timeout=10)  # heard before the call lands
+        try:
+            return await real(key, **kw)
+        finally:
+            calls.append(key)
+
+    async def registered() -> bool:
+        try:
+            return bool((await regs.get(w.worker_id)).value)
+        except Exception:
+            return False
+
+    try:
+        await wait_for(lambda: w.worker_id in judge.live, timeout=10)
+        setattr(judge._registrations, during, as_the_worker_beats_again)
+        w.stop()  # stalled: no heartbeat for longer than its TTL
+        await wait_for(lambda: calls, timeout=10)  # judged gone, and the judge's call landed
+        await wait_for(registered, timeout=5)  # kept, or put back (not left to its refresh)
+    finally:
+        w.stop()
+        await judge.stop()
+
+
 async def test_discovery_tells_each_workers_joining_and_leaving_after_its_fleet_state(fleet):
     """What the frontend counts as ``jetfleet_frontend_worker_changes_total``."""
     nc, subjects = fleet
