@@ -149,7 +149,11 @@ def jetfleet(
         with running_up(tmp, workers, *extra, start_timeout_s=900) as up:
             name = "jetfleet" if router == "kv" else f"jetfleet-{router}"
             name += "".join((*up_args, *(f" {e}" for e in env))).replace("--", " ")
-            logs = sorted((tmp / "state" / "logs").glob("worker*.log"))
+            logs = [  # a fixed fleet's workers, or those the planner's connector started
+                p
+                for p in sorted((tmp / "state" / "logs").glob("*.log"))
+                if p.name.startswith(("worker", "agg-", "prefill-", "decode-"))
+            ]
             yield System(name, up.base_url, {"up": up.proc.pid}, logs)  # servers, fleet, vLLM
     finally:
         for k, v in before.items():
