@@ -227,7 +227,8 @@ def _place_cpu_engines(args: argparse.Namespace, usable: list[int]) -> list[str]
     most = _most_engines(args)
     if most * args.cpu_threads > len(usable):
         _say(
-            f"jetfleet up: the planner may run {most} engines of {args.cpu_threads} threads on "
+            f"jetfleet up: on vLLM's CPU build (a GPU ignores this) the planner may run {most} "
+            f"engines of {args.cpu_threads} threads on "
             f"{len(usable)} cores; engines past {max(1, len(usable) // args.cpu_threads)} share "
             "cores and slow each other down (--max-replicas ROLE=N or --cpu-threads T sizes them)"
         )
