@@ -25,7 +25,7 @@ from infra.embedded import EmbeddedNats, EmbeddedRedis
 from infra.embedded_cluster import CLUSTER_BUS_OFFSET, ClusterNode, EmbeddedRedisCluster
 from infra.packing import worker_packs
 from schemas import Subjects
-from workers.engines.vllm.platform import fleet_cpu_sets, fleet_cpu_threads
+from workers.engines.vllm.platform import fleet_cpu_sets, fleet_cpu_threads, fleet_spare_cores
 
 log = structlog.get_logger("jetfleet.up")
 
@@ -224,16 +224,22 @@ def _place_cpu_engines(args: argparse.Namespace, usable: list[int]) -> list[str]
         return None
     if not args.planner:
         return fleet_cpu_sets(usable, engines, args.cpu_threads)
-    most = _most_engines(args)
-    if most * args.cpu_threads > len(usable):
+    try:
+        most = _most_engines(args)
+    except (ValueError, OSError) as exc:  # a bad planner setting: the planner says so itself
+        log.warning("planner_bounds_unread", error=str(exc))
+        most = engines
+    spare = fleet_spare_cores(len(usable))
+    room = max(1, (len(usable) - spare) // args.cpu_threads)  # engines with cores of their own
+    if most > room:
+        threads = f"{args.cpu_threads} thread{'s' if args.cpu_threads > 1 else ''}"
         _say(
             f"jetfleet up: on vLLM's CPU build (a GPU ignores this) the planner may run {most} "
-            f"engines of {args.cpu_threads} threads on "
-            f"{len(usable)} cores; engines past {max(1, len(usable) // args.cpu_threads)} share "
-            "cores and slow each other down (--max-replicas ROLE=N or --cpu-threads T sizes them)"
+            f"engines of {threads} on {len(usable)} cores; engines past {room} share cores and "
+            "slow each other down (--max-replicas ROLE=N or --cpu-threads T sizes them)"
         )
     slices = list(dict.fromkeys(fleet_cpu_sets(usable, most, args.cpu_threads) or []))
-    return slices if len(slices) > 1 or (slices and len(usable) > args.cpu_threads) else None
+    return slices if len(slices) > 1 or (slices and spare) else None
 
 
 def run_up(args: argparse.Namespace, subjects: Subjects) -> int:

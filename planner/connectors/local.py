@@ -112,8 +112,10 @@ class LocalScaler:
             worker_id = f"{self.cfg.id_prefix}-{name}"
             cores = None
             if self.cfg.cpu_sets:
-                cores = self.cores[name] = least_used(self.cfg.cpu_sets, self.cores.values())
+                cores = least_used(self.cfg.cpu_sets, self.cores.values())
             self.group.start(name, self._argv(role, worker_id, cores), env=self.cfg.env)
+            if cores is not None:
+                self.cores[name] = cores
             self.own.setdefault(role, []).append(name)
             names.append(name)
             self.started += 1
@@ -146,11 +148,13 @@ class LocalScaler:
         chosen = list(reversed(mine))[:count]  # newest first: coldest caches
         for name in chosen:
             mine.remove(name)
-        codes = await asyncio.gather(
-            *(asyncio.to_thread(self.group.stop, n, self.cfg.stop_timeout_s) for n in chosen)
-        )
-        for name in chosen:  # their cores are free once they have exited
-            self.cores.pop(name, None)
+        try:
+            codes = await asyncio.gather(
+                *(asyncio.to_thread(self.group.stop, n, self.cfg.stop_timeout_s) for n in chosen)
+            )
+        finally:  # their cores are free once they have exited (or are no longer ours)
+            for name in chosen:
+                self.cores.pop(name, None)
         self.stopped += len(chosen)
         detail = ", ".join(f"{n} exit {c}" for n, c in zip(chosen, codes, strict=True))
         if len(chosen) < count:

@@ -90,6 +90,14 @@ def _up(argv: list[str], cores: int, capsys: pytest.CaptureFixture[str]) -> tupl
         (["--workers", "1", "--max-replicas", "agg=2"], 8, 7, ["1-7"], True),  # the fleet's core
         (["--workers", "1", "--max-replicas", "agg=2", "--cpu-threads", "3"],
          8, 3, ["1-3", "4-6"], False),
+        # from 4 cores on one is kept for the fleet: three engines of one thread have cores of
+        # their own, a fourth shares, and that is said
+        (["--workers", "1", "--max-replicas", "agg=4", "--cpu-threads", "1"],
+         4, 1, ["1", "2", "3"], True),
+        (["--workers", "1", "--max-replicas", "agg=1", "--cpu-threads", "8"],
+         8, 8, ["1-7"], False),  # as a fixed fleet of one: off the fleet's core
+        # a bad planner setting is the planner's to refuse: placed for the engines started
+        (["--set", "no_such_setting=1"], 2, 1, ["0", "1"], False),
         # one engine on every core, and more may come: unpinned, and said
         (["--workers", "1", "--max-replicas", "agg=2"], 2, 2, None, True),
         (["--workers", "1", "--max-replicas", "agg=1"], 2, 2, None, False),

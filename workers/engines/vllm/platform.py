@@ -58,10 +58,10 @@ def fleet_cpu_threads(cores: int, engines: int) -> int:
     """OpenMP threads for each of ``engines`` CPU engines sharing ``cores`` with the rest of a
     fleet on one host (``jetfleet up``): every core shared out, less one for the fleet from
     ``FLEET_CORE_FROM`` cores on (the engines then keep at least three), at least one each."""
-    return max(1, (cores - _spare(cores)) // max(1, engines))
+    return max(1, (cores - fleet_spare_cores(cores)) // max(1, engines))
 
 
-def _spare(cores: int) -> int:
+def fleet_spare_cores(cores: int) -> int:
     """Cores kept for the fleet's own processes on a host of ``cores``."""
     return 1 if cores >= FLEET_CORE_FROM else 0
 
@@ -73,7 +73,7 @@ def fleet_cpu_sets(cores: Sequence[int], engines: int, threads: int) -> list[str
     slices, engine i takes slice i mod slices (engines share a slice, never straddle two).
     None when there is nothing to pin: one engine on every core."""
     usable = sorted(set(cores))
-    spare = _spare(len(usable))
+    spare = fleet_spare_cores(len(usable))
     if engines < 1 or (engines == 1 and not spare):
         return None
     width = max(1, min(threads, len(usable) - spare))
