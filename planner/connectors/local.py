@@ -12,7 +12,8 @@ touched.
   or one exits or ``start_timeout_s`` passes (``failed``, with the log tail). Given
   ``cpu_sets`` (``jetfleet up`` gives a CPU engine's slices), each runs on the slice fewest own
   workers run on: one started to meet a burst does not share the cores of the one serving it.
-- **Down**: the newest own workers of the role (coldest caches) get SIGTERM and drain: status
+- **Down**: the newest own workers of the role (coldest caches; while some share a slice of
+  cores, the newest on the most shared one: ``to_stop``) get SIGTERM and drain: status
   ``draining`` (routers stop sending), in-flight requests finish (past the worker's drain timeout
   the rest are aborted and the frontends migrate them), deregistration, exit. ``applied`` once
   they exited; a worker that outlives ``stop_timeout_s`` is killed (its requests migrate too).
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,23 @@ def least_used(cpu_sets: Sequence[str], in_use: Iterable[str]) -> str:
     """Of ``cpu_sets``, the first that fewest of ``in_use`` (the sets of running workers) are."""
     used = Counter(in_use)
     return min(cpu_sets, key=lambda cores: used[cores])
+
+
+def to_stop(own: Sequence[str], cores: Mapping[str, str], count: int) -> list[str]:
+    """Which ``count`` of ``own`` (a role's workers, oldest first) to stop: the newest first
+    (coldest caches), but while workers share a slice of cores (``cores``: the slice of each
+    running worker, of every role), the newest on the most shared slice, so the ones left run on
+    cores of their own. Pure."""
+    left, chosen = list(own), []
+    for _ in range(min(count, len(left))):
+        shared = Counter(c for n, c in cores.items() if n not in chosen)
+        newest_first = list(reversed(left))
+        pick = max(newest_first, key=lambda n: shared.get(cores.get(n, ""), 0))
+        if shared.get(cores.get(pick, ""), 0) <= 1:
+            pick = newest_first[0]  # nothing shared: the coldest cache goes
+        left.remove(pick)
+        chosen.append(pick)
+    return chosen
 
 
 class LocalScaler:
@@ -145,7 +163,7 @@ class LocalScaler:
 
     async def stop_workers(self, role: str, count: int) -> ScaleResult:
         mine = self.own.get(role, [])
-        chosen = list(reversed(mine))[:count]  # newest first: coldest caches
+        chosen = to_stop(mine, self.cores, count)
         for name in chosen:
             mine.remove(name)
         try:

@@ -66,6 +66,28 @@ def test_a_connector_starts_each_engine_on_the_slice_fewest_run_on() -> None:
     assert least_used(["1-3", "4-6", "7-9"], ["1-3", "4-6", "1-3"]) == "7-9"
 
 
+@pytest.mark.parametrize(
+    ("own", "cores", "count", "stopped"),
+    [
+        (["a0", "a1", "a2"], {}, 2, ["a2", "a1"]),  # no slices: the newest (coldest caches)
+        (["a0", "a1"], {"a0": "0", "a1": "1"}, 1, ["a1"]),  # nothing shared: the newest
+        # a0 and a1 share core 0 (a worker on core 1 crashed, and a3 came after): the newest on
+        # the shared core goes, not a3, and the two left have a core each
+        (["a0", "a1", "a3"], {"a0": "0", "a1": "0", "a3": "1"}, 1, ["a1"]),
+        (["a0", "a1", "a3"], {"a0": "0", "a1": "0", "a3": "1"}, 2, ["a1", "a3"]),
+        # another role's engine shares the slice too (prefill p0 beside decode d0 and d1)
+        (["d0", "d1"], {"p0": "0", "d0": "0", "d1": "1"}, 1, ["d0"]),
+        (["a0"], {"a0": "0"}, 3, ["a0"]),  # fewer than asked: what there is
+    ],
+)
+def test_a_connector_stops_the_newest_on_the_most_shared_slice(
+    own: list[str], cores: dict[str, str], count: int, stopped: list[str]
+) -> None:
+    from planner.connectors.local import to_stop
+
+    assert to_stop(own, cores, count) == stopped
+
+
 def _up(
     argv: list[str], cores: int, cpu: bool, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> tuple[object, int | None, str]:
