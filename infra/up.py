@@ -197,12 +197,10 @@ def _pools(args: argparse.Namespace) -> dict[str, int]:
 
 
 def _most_engines(args: argparse.Namespace) -> int:
-    """The most engines the fleet runs at once: those it starts with, or with the planner what
-    its bounds let it scale to (each pool's ``--max-replicas``, all within
-    ``--max-total-replicas``)."""
+    """The most engines the planner's fleet runs at once: what its bounds let it scale to (each
+    pool's ``--max-replicas``, all within ``--max-total-replicas``), those it starts with at
+    least."""
     pools = _pools(args)
-    if not args.planner:
-        return sum(pools.values())
     from infra.cli.planner_args import planner_config
 
     cfg = planner_config(args)
@@ -233,12 +231,13 @@ def _place_cpu_engines(args: argparse.Namespace, usable: list[int]) -> list[str]
         return None  # a GPU build: threads and cores are not its bounds
     spare = fleet_spare_cores(len(usable))
     room = max(1, (len(usable) - spare) // args.cpu_threads)  # engines with cores of their own
+    threads = f"{args.cpu_threads} thread{'s' if args.cpu_threads > 1 else ''}"
     if args.max_total_replicas is None and not args.max_replicas:
         args.max_total_replicas = max(room, engines)
         _say(
             f"jetfleet up: the planner runs at most {args.max_total_replicas} vLLM CPU engines "
-            f"here ({room} of {args.cpu_threads} thread{'s' if args.cpu_threads > 1 else ''} "
-            f"fit {len(usable)} cores; --max-replicas ROLE=N or --max-total-replicas N for more)"
+            f"here ({room} of {threads} fit {len(usable)} cores; --max-replicas ROLE=N or "
+            "--max-total-replicas N for more)"
         )
     try:
         most = _most_engines(args)
@@ -246,7 +245,6 @@ def _place_cpu_engines(args: argparse.Namespace, usable: list[int]) -> list[str]
         log.warning("planner_bounds_unread", error=str(exc))
         most = engines
     if most > room:
-        threads = f"{args.cpu_threads} thread{'s' if args.cpu_threads > 1 else ''}"
         _say(
             f"jetfleet up: the planner may run {most} vLLM CPU engines of {threads} on "
             f"{len(usable)} cores; engines past {room} share cores and slow each other down "
