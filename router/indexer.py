@@ -45,7 +45,7 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api
-from nats.js.errors import BucketNotFoundError, ObjectNotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from base.connect import close_nats, connect_nats, connect_redis
@@ -58,6 +58,7 @@ from base.ops_presence import serve_ops
 from base.signals import stop_event
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
+from router.consume_stall import Look, StallJudge
 from router.kv import snapshot as snapshots
 from router.kv.keys import LEADER_TTL_MS, namespace
 from router.kv.redis_index import (
@@ -112,6 +113,44 @@ class IndexerConfig:
     max_blocks_per_call: int = MAX_BLOCKS_PER_CALL
     """Block events one Redis call applies at most (a route waits for no longer call)."""
     sweep_every_s: float = 1.0  # how often retired slots are looked for (group 0's leader)
+    stall_after_s: float = 30.0
+    """A consume whose position stands still this long while messages wait (or a step runs)
+    is logged (``indexer_consume_stalled``) and started again from the stored position (0:
+    never). Longer than nats-py's own recovery of an ordered consumer (two missed 5-s
+    heartbeats) and than a Redis call's timeout."""
+
+
+class _Step:
+    """Where the apply loop is: in a step since a time, or waiting for messages (None)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.abort = False  # the consume stalled: the loop ends without finishing
+
+    def begin(self) -> None:
+        self.since = time.monotonic()
+
+    def wait(self) -> None:
+        self.since = None
+
+    def busy_s(self) -> float | None:
+        return None if self.since is None else time.monotonic() - self.since
+
+
+def task_where(task: asyncio.Task[Any]) -> list[str]:
+    """Where a suspended task waits: its chain of awaits, outermost first, as ``file:line
+    function`` (``Task.get_stack`` gives only the outermost frame of a suspended coroutine)."""
+    out: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and len(out) < 16:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:  # a future, or a coroutine that has ended
+            out.append(type(awaited).__name__)
+            break
+        code = frame.f_code
+        out.append(f"{code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return out
 
 
 @dataclass
@@ -302,7 +341,8 @@ class Indexer:
         lost = asyncio.Event()
         keeper = asyncio.create_task(self._keep_leadership(lost))
         try:
-            await self._consume(stop, lost, halt)
+            while await self._consume(stop, lost, halt):  # stalled: again, on a new consumer
+                self.index.reset()
         except REDIS_UNREACHABLE:
             # Redis went away while this indexer led: the promoted replica may still hold its
             # lock (to renew, not to wait out), and may be behind what it applied, so what this
@@ -460,8 +500,10 @@ class Indexer:
         shards = await self.index.ready()
         return [await s.redis.get(s.keys.epoch) for s in shards.shards]
 
-    async def _consume(self, *stops: asyncio.Event) -> None:
-        """Apply the stream from the stored position until one of ``stops`` is set."""
+    async def _consume(self, *stops: asyncio.Event) -> bool:
+        """Apply the stream from the stored position until one of ``stops`` is set. Returns
+        True when it ended because it stalled (see ``consume_stall``): the caller consumes
+        again, from the stored position, on a new consumer."""
         await self.check_epoch()
         await self.restore_snapshot()
         start = await self.index.applied_seq() + 1
@@ -502,17 +544,53 @@ class Indexer:
                 asyncio.create_task(self._snapshot_loop(on)),
             ]
         stopper = asyncio.create_task(_first(*stops))
+        step = _Step()
+        applying = asyncio.create_task(self._apply_loop(queue, stopper, step))
+        watched: list[asyncio.Task[Any]] = [applying]
+        if self.cfg.stall_after_s > 0:
+            watched.append(asyncio.create_task(self._watch_stall(sub, queue, step, applying, on)))
+        stalled = False
+        try:
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if applying.done():
+                applying.result()  # a Redis outage, say, goes on up
+            else:
+                stalled = True
+        finally:
+            ended = step.abort = True
+            stopper.cancel()
+            for t in watched[1:]:
+                t.cancel()
+            if not applying.done():
+                applying.cancel()
+                await asyncio.wait({applying}, timeout=5.0)
+            for t in tasks:
+                t.cancel()
+            # a side loop in a long step (a sweep, a snapshot) is left to end on its own
+            await asyncio.wait(tasks, timeout=5.0)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return stalled
+
+    async def _apply_loop(
+        self, queue: asyncio.Queue[Any], stopper: asyncio.Task[None], step: _Step
+    ) -> None:
+        """Take the messages that arrived, in groups; apply each group while the next is
+        prepared; until ``stopper`` is done (or ``step.abort``: a stalled consume)."""
         flight: tuple[_Prepared, AppliedLater] | None = None
         getter: asyncio.Future[Any] | None = None
         try:
-            while not stopper.done():
+            while not (stopper.done() or step.abort):
                 if flight is not None and queue.empty():  # nothing to overlap it with
+                    step.begin()
                     await self._finish(*flight)
                     flight = None
+                step.wait()
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait({getter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
                     break
+                step.begin()
                 msgs = [getter.result()]
                 while len(msgs) < self.cfg.batch_max and not queue.empty():
                     msgs.append(queue.get_nowait())
@@ -521,19 +599,58 @@ class Indexer:
                 if flight is not None:
                     await self._finish(*flight)
                 flight = (prepared, started)
-            if flight is not None:
+            if flight is not None and not step.abort:
                 await self._finish(*flight)
         finally:
             if getter is not None:
                 getter.cancel()
-            stopper.cancel()
-            ended = True
-            for t in tasks:
-                t.cancel()
-            # a side loop in a long step (a sweep, a snapshot) is left to end on its own
-            await asyncio.wait(tasks, timeout=5.0)
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+
+    async def _watch_stall(
+        self,
+        sub: Any,
+        queue: asyncio.Queue[Any],
+        step: _Step,
+        applying: asyncio.Task[None],
+        on: Callable[[], bool],
+    ) -> str:
+        """Return once the consume stalled (``consume_stall``), after logging what tells the
+        causes apart: where the loop waits, what the client holds, what the server says."""
+        judge = StallJudge(self.cfg.stall_after_s)
+        every = min(1.0, self.cfg.stall_after_s / 4)
+        while on():
+            await asyncio.sleep(every)
+            if not judge.due(time.monotonic(), self.applied):
+                continue
+            pending: int | None = None
+            server: dict[str, Any] = {}
+            try:
+                info = await sub.consumer_info()
+                pending = int(info.num_pending or 0)
+                server = {"consumer": info.name, "delivered_seq": info.delivered.stream_seq}
+            except NotFoundError:
+                pass  # gone: nats-py did not make it again
+            except Exception as exc:  # NATS away or slow: its client reconnects; look again
+                self.log.debug("indexer_stall_look_failed", error=repr(exc))
+                continue
+            look = Look(time.monotonic(), self.applied, queue.qsize(), step.busy_s(), pending)
+            reason = judge.verdict(look)
+            if reason is None:
+                continue
+            self.log.warning(
+                "indexer_consume_stalled",
+                reason=reason,
+                applied_seq=self.applied,
+                quiet_s=round(judge.quiet_for(look.at, look.applied), 1),
+                queued=look.waiting,
+                step_s=None if look.busy_s is None else round(look.busy_s, 1),
+                server_pending=pending,
+                client_pending=sub.pending_msgs,
+                client_delivered=sub.delivered,
+                where=task_where(applying),
+                **server,
+            )
+            return reason
+        return ""
 
     async def _prepare(self, msgs: list[Any]) -> _Prepared:
         """Decode, and map events to ops (CPU only, but for a new holder's slot)."""

@@ -218,6 +218,7 @@ INDEXER = ConfigFlags(
     Flag("group", "--indexer-group"),
     "max_blocks_per_call",
     Flag("sweep_every_s", "--sweep-every"),
+    Flag("stall_after_s", "--stall-after"),
     title="indexer",
 )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
 from collections.abc import Callable
 
 import pytest
@@ -53,8 +55,9 @@ async def rig(nc, nats_url, redis_url, subjects):
     redis = await connect_redis(redis_url)
     cfg = IndexerConfig(nats_url, redis_url, subjects, batch_max=8, leader_ttl_ms=1500)
 
-    def make(live_workers: Callable[[], set[str] | None] = lambda: None) -> Indexer:
-        return Indexer(cfg, nc, redis, IndexerMetrics(CollectorRegistry()), live_workers)
+    def make(live_workers: Callable[[], set[str] | None] = lambda: None, **over) -> Indexer:
+        own = dataclasses.replace(cfg, **over)
+        return Indexer(own, nc, redis, IndexerMetrics(CollectorRegistry()), live_workers)
 
     yield make
     async for key in redis.scan_iter(match=f"jf:{subjects.prefix}:*"):
@@ -107,6 +110,51 @@ async def test_a_swallowed_hard_cancel_still_stops_the_indexer(nc, subjects, rig
         await asyncio.wait_for(run.task, 10)
     shards = await ix.index.ready()
     assert await shards[0].redis.get(shards[0].keys.leader(0)) is None  # and it let go of it
+
+
+async def test_a_consumer_the_server_stops_delivering_to_is_replaced(nc, subjects, rig):
+    """The server holds the indexer's messages and does not deliver them while its heartbeats
+    go on (a paused consumer: nats-py's ordered consumer sees it alive and never recreates it).
+    The leader kept its lock and applied nothing more, silently; now it sees its position
+    stand still with messages pending, and consumes again on a new consumer."""
+    first = mocker_event_batches(requests=20, seed=21)
+    later = mocker_event_batches(requests=20, seed=22, model="m2")
+    last = await publish_all(nc, subjects, first)
+    run = Running(rig(stall_after_s=1.0))
+    await wait_for(lambda: run.indexer.applied >= last, timeout=20)
+    js = nc.jetstream()
+    stream = subjects.stream_name("KV")
+    (consumer,) = [c.name for c in await js.consumers_info(stream)]
+    until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+    await js._jsm.pause_consumer(stream, consumer, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    last = await publish_all(nc, subjects, later)
+    await wait_for(lambda: run.indexer.applied >= last, timeout=20)
+    assert await run.indexer.index.dump() == await reference([*first, *later])
+    await run.halt()
+
+
+async def test_a_step_that_never_returns_is_left_and_the_stream_applied(
+    nc, subjects, rig, monkeypatch
+):
+    """The apply loop waits in a step that never returns (no timeout fires, no error): the
+    stall is seen, the step abandoned, and the stream applied again from the stored position."""
+    batches = mocker_event_batches(requests=30, seed=23)
+    run = Running(rig(stall_after_s=1.0))
+    ix = run.indexer
+    real, hung = ix._prepare, asyncio.Event()
+
+    async def hangs_once(msgs):
+        if not hung.is_set():
+            hung.set()
+            await asyncio.Event().wait()
+        return await real(msgs)
+
+    monkeypatch.setattr(ix, "_prepare", hangs_once)
+    last = await publish_all(nc, subjects, batches)
+    await wait_for(lambda: ix.applied >= last, timeout=20)
+    assert hung.is_set()
+    assert await ix.index.dump() == await reference(batches)
+    await run.halt()
 
 
 async def test_flushed_redis_is_rebuilt_from_the_stream(nc, subjects, rig):
