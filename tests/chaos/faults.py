@@ -30,6 +30,7 @@ class Outcome:
     row: Row
     by: dict[Verdict, list[Trace]]
     notes: Notes = field(default_factory=dict)
+    trails: dict[str, list[str]] = field(default_factory=dict)  # request id -> fleet log lines
 
     def examples(self, verdicts: tuple[str, ...] = ("lost", "duplicated"), n: int = 5) -> str:
         out = []
@@ -37,7 +38,14 @@ class Outcome:
             for t in self.by.get(v, [])[:n]:
                 out.append(f"{v}: {t.kind} {t.request_id} seed={t.seed} end={t.end!r} "
                            f"pieces={len(t.output)} interleaved={t.interleaved}")  # fmt: skip
+                out += [f"  {line}" for line in self.trails.get(t.request_id, [])]
         return "\n".join(out)
+
+    def unsettled(
+        self, verdicts: tuple[str, ...] = ("lost", "duplicated"), n: int = 5
+    ) -> list[str]:
+        """The request ids ``examples`` shows."""
+        return [t.request_id for v in verdicts for t in self.by.get(v, [])[:n]]
 
 
 async def under_fault(

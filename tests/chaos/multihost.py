@@ -158,6 +158,16 @@ class MultiHostFleet:
     def count_in_logs(self, word: str, names: list[str]) -> int:
         return sum(self.log(name).count(word) for name in names)
 
+    def lines_about(self, word: str, most: int = 40) -> list[str]:
+        """Every component's log lines that mention ``word`` (a request id), each with its
+        component's name, the first ``most``: what a failed run's message shows of a request."""
+        out = []
+        for path in sorted((self.tmp / "logs").glob("*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if word in line:
+                    out.append(f"{path.stem}: {line[:400]}")
+        return out[:most]
+
     def wait_nats_cluster(self, timeout_s: float = 60.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not all(n.meta_ready() for n in self.nats if n.running):
