@@ -56,6 +56,7 @@ from base.kv_read import bucket_values
 from base.ops_http import nats_connected
 from base.ops_presence import serve_ops
 from base.signals import stop_event
+from base.task_trace import task_where
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
 from router.consume_stall import Look, StallJudge
@@ -135,22 +136,6 @@ class _Step:
 
     def busy_s(self) -> float | None:
         return None if self.since is None else time.monotonic() - self.since
-
-
-def task_where(task: asyncio.Task[Any]) -> list[str]:
-    """Where a suspended task waits: its chain of awaits, outermost first, as ``file:line
-    function`` (``Task.get_stack`` gives only the outermost frame of a suspended coroutine)."""
-    out: list[str] = []
-    awaited: Any = task.get_coro()
-    while awaited is not None and len(out) < 16:
-        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
-        if frame is None:  # a future, or a coroutine that has ended
-            out.append(type(awaited).__name__)
-            break
-        code = frame.f_code
-        out.append(f"{code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno} {code.co_name}")
-        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
-    return out
 
 
 @dataclass

@@ -34,6 +34,7 @@ One JSON document on stdout, progress on stderr. The keys are described in docs/
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -45,6 +46,7 @@ from typing import Any
 import uvloop
 
 from base.logs import configure_logging
+from base.task_trace import tasks_where
 from tests.bench.index_scale_cells import (
     Run,
     Sizes,
@@ -211,6 +213,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--work-dir", type=Path, default=None, help="keep the servers' data and the logs here"
     )
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=0.0,
+        help="past this many seconds, say where every task waits and stop (exit 3; 0: never)",
+    )
     args = ap.parse_args(argv)
     checks = (("--configs", args.configs, CONFIGS), ("--phases", args.phases, PHASES))
     for flag, given, known in checks:
@@ -257,10 +265,28 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+async def bounded(args: argparse.Namespace) -> dict[str, Any]:
+    """``run_all`` within ``--deadline``: past it, where every task waits goes to stderr (a
+    hang then names its await instead of running into the caller's timeout), the run is
+    cancelled (its servers and children stopped) and the bench exits 3."""
+    run = asyncio.ensure_future(run_all(args))
+    if args.deadline <= 0:
+        return await run
+    done, _ = await asyncio.wait({run}, timeout=args.deadline)
+    if run in done:
+        return run.result()
+    where = tasks_where()
+    print(f"index_scale: past its --deadline of {args.deadline:g} s; the tasks:\n{where}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    run.cancel()
+    await asyncio.wait({run}, timeout=30.0)
+    raise SystemExit(3)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     configure_logging("warning")  # stdout carries only the JSON
-    print(json.dumps(uvloop.run(run_all(args)), indent=2))
+    print(json.dumps(uvloop.run(bounded(args)), indent=2))
     return 0
 
 

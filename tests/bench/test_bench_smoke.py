@@ -156,7 +156,7 @@ def test_index_scale_bench():
         "--holder-blocks", "3000,10000", "--rate", "3000", "--route-rate", "100",
         "--cell-seconds", "2", "--failover-seconds", "3", "--backlog-events", "5000",
         "--idle-routes", "30", "--sweep-pools", "4,16", "--sweep-prompts", "16,64",
-        "--leader-ttl-ms", "1000",
+        "--leader-ttl-ms", "1000", "--deadline", "420",
     )  # fmt: skip
     single, cluster = d["configs"]
     assert (single["shards"], cluster["shards"]) == (1, 3)
