@@ -27,6 +27,15 @@ class Look:
     pending: int | None  # messages the server has not delivered yet (None: consumer gone)
 
 
+WHY = {
+    "step": "a step has not returned",
+    "untaken": "messages received are not taken",
+    "gone": "its consumer is gone from the server",
+    "undelivered": "the server holds messages it does not deliver",
+}
+"""A stall's reason (the metric's label) and what it means (the log line's)."""
+
+
 class StallJudge:
     def __init__(self, after_s: float) -> None:
         """``after_s``: how long the position may stand still while work is there."""
@@ -46,15 +55,16 @@ class StallJudge:
         return self.quiet_for(at, applied) >= self.after_s
 
     def verdict(self, look: Look) -> str | None:
-        """Why the consume is stalled, or None while it moves or has nothing to do."""
+        """Why the consume is stalled (a key of ``WHY``), or None while it moves or has nothing
+        to do."""
         if self.quiet_for(look.at, look.applied) < self.after_s:
             return None
         if look.busy_s is not None and look.busy_s >= self.after_s:
-            return "a step has not returned"
+            return "step"
         if look.waiting:
-            return "messages received are not taken"
+            return "untaken"
         if look.pending is None:
-            return "its consumer is gone from the server"
+            return "gone"
         if look.pending:
-            return "the server holds messages it does not deliver"
+            return "undelivered"
         return None

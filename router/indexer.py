@@ -59,7 +59,7 @@ from base.signals import stop_event
 from base.task_trace import task_where
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
-from router.consume_stall import Look, StallJudge
+from router.consume_stall import WHY, Look, StallJudge
 from router.kv import snapshot as snapshots
 from router.kv.keys import LEADER_TTL_MS, namespace
 from router.kv.redis_index import (
@@ -176,6 +176,12 @@ class IndexerMetrics:
         )
         self.swept = Counter(
             f"{ns}_slots_swept", "Retired slots cleared and freed", registry=registry
+        )
+        self.stalls = Counter(
+            f"{ns}_consume_stalls",
+            "Consumes started again after their position stood still with messages waiting",
+            ["reason"],
+            registry=registry,
         )
         self.snapshot_s = Gauge(
             f"{ns}_snapshot_seconds", "How long the last snapshot took", registry=registry
@@ -621,9 +627,11 @@ class Indexer:
             reason = judge.verdict(look)
             if reason is None:
                 continue
+            self.metrics.stalls.labels(reason).inc()
             self.log.warning(
                 "indexer_consume_stalled",
                 reason=reason,
+                why=WHY[reason],
                 applied_seq=self.applied,
                 quiet_s=round(judge.quiet_for(look.at, look.applied), 1),
                 queued=look.waiting,

@@ -130,6 +130,7 @@ async def test_a_consumer_the_server_stops_delivering_to_is_replaced(nc, subject
     last = await publish_all(nc, subjects, later)
     await wait_for(lambda: run.indexer.applied >= last, timeout=20)
     assert await run.indexer.index.dump() == await reference([*first, *later])
+    assert _stalls(run.indexer, "undelivered") == 1
     await run.halt()
 
 
@@ -154,7 +155,13 @@ async def test_a_step_that_never_returns_is_left_and_the_stream_applied(
     await wait_for(lambda: ix.applied >= last, timeout=20)
     assert hung.is_set()
     assert await ix.index.dump() == await reference(batches)
+    assert _stalls(ix, "step") == 1
     await run.halt()
+
+
+def _stalls(ix: Indexer, reason: str) -> float | None:
+    sample = "jetfleet_indexer_consume_stalls_total"
+    return ix.metrics.registry.get_sample_value(sample, {"reason": reason})
 
 
 async def test_flushed_redis_is_rebuilt_from_the_stream(nc, subjects, rig):

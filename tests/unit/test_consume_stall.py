@@ -16,10 +16,10 @@ def look(at: float, applied: int = 5, waiting: int = 0, busy=None, pending=0) ->
     [
         (look(40.0), None),  # idle: nothing anywhere, however long
         (look(40.0, busy=2.0), None),  # a step running, but a short one
-        (look(40.0, busy=31.0), "a step has not returned"),
-        (look(40.0, waiting=3), "messages received are not taken"),
-        (look(40.0, pending=None), "its consumer is gone from the server"),
-        (look(40.0, pending=12), "the server holds messages it does not deliver"),
+        (look(40.0, busy=31.0), "step"),
+        (look(40.0, waiting=3), "untaken"),
+        (look(40.0, pending=None), "gone"),
+        (look(40.0, pending=12), "undelivered"),
         (look(20.0, pending=12), None),  # not long enough yet
         (look(40.0, applied=6, pending=12), None),  # it just moved
     ],
