@@ -59,7 +59,7 @@ from base.signals import stop_event
 from base.task_trace import task_where
 from base.topology import ensure_topology
 from base.worker_watch import WorkerWatch
-from router.consume_stall import WHY, Look, StallJudge
+from router.consume_stall import WHY, Look, StallJudge, stall_after
 from router.kv import snapshot as snapshots
 from router.kv.keys import LEADER_TTL_MS, namespace
 from router.kv.redis_index import (
@@ -77,6 +77,7 @@ from schemas.subjects import KV_PARTITIONS, kv_partition
 
 _BACKOFF_FIRST_S = 0.25  # Redis unreachable: first wait before leading again
 _BACKOFF_MAX_S = 5.0
+_STOP_APPLY_S = 10.0  # a stalled consume's apply step, cancelled, must end within this
 _HEAL_EVERY_S = 5.0  # a worker is asked to publish its cache again at most this often
 
 log = structlog.get_logger("jetfleet.indexer")
@@ -121,6 +122,10 @@ class IndexerConfig:
     heartbeats) and than a Redis call's timeout."""
 
 
+class ApplyStuckError(RuntimeError):
+    """An apply step of a stalled consume did not end when cancelled."""
+
+
 class _Step:
     """Where the apply loop is: in a step since a time, or waiting for messages (None)."""
 
@@ -143,6 +148,16 @@ class _Prepared:
     items: list[ApplyItem] = field(default_factory=list)
     batches: list[KvEventBatch | None] = field(default_factory=list)  # None: nothing to count
     heals: list[tuple[str, str, str]] = field(default_factory=list)  # model, worker, reason
+
+
+def _heals_of(prep: _Prepared, started: AppliedLater) -> list[tuple[str, str, str]]:
+    """The heals a group asks for, read from what was known when it was written (the event
+    id gaps are found before the write)."""
+    heals = list(prep.heals)
+    for batch, res in zip(prep.batches, started.known(), strict=True):
+        if batch is not None and res.applied and res.gap:
+            heals.append((batch.model, batch.worker_id, "event id gap"))
+    return heals
 
 
 def _stream_seq(msg: Msg) -> int:
@@ -222,6 +237,7 @@ class Indexer:
         self._snapshot_seq = 0
         self._healed: dict[str, float] = {}
         self._resuming = False  # Redis was lost while this indexer may have led
+        self._owed_heals: list[tuple[str, str, str]] = []  # left by a stalled consume
         self.log = log.bind(indexer_id=cfg.indexer_id)
 
     # ------------------------------------------------------------------ groups
@@ -332,7 +348,11 @@ class Indexer:
         lost = asyncio.Event()
         keeper = asyncio.create_task(self._keep_leadership(lost))
         try:
-            while await self._consume(stop, lost, halt):  # stalled: again, on a new consumer
+            restarts = 0  # stalled: again, on a new consumer, while this indexer still leads
+            while await self._consume(stop, lost, halt, restarts=restarts) and not (
+                stop.is_set() or lost.is_set() or halt.is_set()
+            ):
+                restarts += 1
                 self.index.reset()
         except REDIS_UNREACHABLE:
             # Redis went away while this indexer led: the promoted replica may still hold its
@@ -491,10 +511,12 @@ class Indexer:
         shards = await self.index.ready()
         return [await s.redis.get(s.keys.epoch) for s in shards.shards]
 
-    async def _consume(self, *stops: asyncio.Event) -> bool:
+    async def _consume(self, *stops: asyncio.Event, restarts: int = 0) -> bool:
         """Apply the stream from the stored position until one of ``stops`` is set. Returns
-        True when it ended because it stalled (see ``consume_stall``): the caller consumes
-        again, from the stored position, on a new consumer."""
+        True when it ended because it stalled (see ``consume_stall``; ``restarts``: how many
+        times in a row it did before): the caller consumes again, from the stored position, on
+        a new consumer. An apply step that cannot be stopped raises ``ApplyStuckError``: the
+        process exits rather than lead with two loops writing."""
         await self.check_epoch()
         await self.restore_snapshot()
         start = await self.index.applied_seq() + 1
@@ -537,30 +559,43 @@ class Indexer:
         stopper = asyncio.create_task(_first(*stops))
         step = _Step()
         applying = asyncio.create_task(self._apply_loop(queue, stopper, step))
-        watched: list[asyncio.Task[Any]] = [applying]
+        watcher: asyncio.Task[str] | None = None
         if self.cfg.stall_after_s > 0:
-            watched.append(asyncio.create_task(self._watch_stall(sub, queue, step, applying, on)))
+            after = stall_after(self.cfg.stall_after_s, restarts)
+            watcher = asyncio.create_task(self._watch_stall(sub, queue, step, applying, after, on))
         stalled = False
         try:
-            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            while not applying.done():
+                watched = {applying} if watcher is None else {applying, watcher}
+                await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if watcher is None or not watcher.done() or applying.done():
+                    continue
+                if watcher.exception() is None:
+                    stalled = True
+                    break
+                self.log.error("indexer_stall_watch_failed", error=repr(watcher.exception()))
+                watcher = None  # consume on, unwatched
             if applying.done():
                 applying.result()  # a Redis outage, say, goes on up
-            else:
-                stalled = True
         finally:
             ended = step.abort = True
             stopper.cancel()
-            for t in watched[1:]:
-                t.cancel()
+            if watcher is not None:
+                watcher.cancel()
             if not applying.done():
                 applying.cancel()
-                await asyncio.wait({applying}, timeout=5.0)
+                await asyncio.wait({applying}, timeout=_STOP_APPLY_S)
             for t in tasks:
                 t.cancel()
             # a side loop in a long step (a sweep, a snapshot) is left to end on its own
             await asyncio.wait(tasks, timeout=5.0)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+        if stalled and not applying.done():  # its cancel swallowed, still in a step
+            self.log.error("indexer_apply_stuck", where=task_where(applying))
+            raise ApplyStuckError("an apply step of a stalled consume could not be stopped")
+        if stalled and not applying.cancelled() and applying.exception() is not None:
+            applying.result()  # it failed on its way out (Redis lost, say): as any failure
         return stalled
 
     async def _apply_loop(
@@ -570,6 +605,10 @@ class Indexer:
         prepared; until ``stopper`` is done (or ``step.abort``: a stalled consume)."""
         flight: tuple[_Prepared, AppliedLater] | None = None
         getter: asyncio.Future[Any] | None = None
+        owed, self._owed_heals = self._owed_heals, []
+        for heal in owed:  # of a group whose apply a stalled consume left unread
+            step.begin()
+            await self._heal(*heal)
         try:
             while not (stopper.done() or step.abort):
                 if flight is not None and queue.empty():  # nothing to overlap it with
@@ -592,9 +631,12 @@ class Indexer:
                 flight = (prepared, started)
             if flight is not None and not step.abort:
                 await self._finish(*flight)
+                flight = None
         finally:
             if getter is not None:
                 getter.cancel()
+            if flight is not None:  # written, its results never read: heal what they asked
+                self._owed_heals += _heals_of(*flight)
 
     async def _watch_stall(
         self,
@@ -602,40 +644,44 @@ class Indexer:
         queue: asyncio.Queue[Any],
         step: _Step,
         applying: asyncio.Task[None],
+        after_s: float,
         on: Callable[[], bool],
     ) -> str:
         """Return once the consume stalled (``consume_stall``), after logging what tells the
-        causes apart: where the loop waits, what the client holds, what the server says."""
-        judge = StallJudge(self.cfg.stall_after_s)
-        every = min(1.0, self.cfg.stall_after_s / 4)
+        causes apart: where the loop waits, what the client holds, what the server says. The
+        server is asked (one request) only when the position has not moved since the last look."""
+        judge = StallJudge(after_s)
+        every = min(1.0, after_s / 4)
+        last = self.applied
         while on():
             await asyncio.sleep(every)
-            if not judge.due(time.monotonic(), self.applied):
-                continue
-            pending: int | None = None
+            pending: int | None = 0
             server: dict[str, Any] = {}
-            try:
-                info = await sub.consumer_info()
-                pending = int(info.num_pending or 0)
-                server = {"consumer": info.name, "delivered_seq": info.delivered.stream_seq}
-            except NotFoundError:
-                pass  # gone: nats-py did not make it again
-            except Exception as exc:  # NATS away or slow: its client reconnects; look again
-                self.log.debug("indexer_stall_look_failed", error=repr(exc))
-                continue
-            look = Look(time.monotonic(), self.applied, queue.qsize(), step.busy_s(), pending)
+            if self.applied == last:
+                try:
+                    info = await sub.consumer_info()
+                    pending = int(info.num_pending or 0)
+                    server = {"consumer": info.name, "delivered_seq": info.delivered.stream_seq}
+                except NotFoundError:
+                    pending = None  # gone (nats-py makes it again after two missed heartbeats)
+                except Exception as exc:  # NATS away or slow: its client reconnects; look again
+                    self.log.debug("indexer_stall_look_failed", error=repr(exc))
+                    continue
+            last = self.applied
+            look = Look(time.monotonic(), last, queue.qsize(), step.since is not None, pending)
             reason = judge.verdict(look)
             if reason is None:
                 continue
+            busy_s = step.busy_s()
             self.metrics.stalls.labels(reason).inc()
             self.log.warning(
                 "indexer_consume_stalled",
                 reason=reason,
                 why=WHY[reason],
                 applied_seq=self.applied,
-                quiet_s=round(judge.quiet_for(look.at, look.applied), 1),
+                waited_s=round(judge.waited_s(look.at), 1),
                 queued=look.waiting,
-                step_s=None if look.busy_s is None else round(look.busy_s, 1),
+                step_s=None if busy_s is None else round(busy_s, 1),
                 server_pending=pending,
                 client_pending=sub.pending_msgs,
                 client_delivered=sub.delivered,

@@ -71,6 +71,11 @@ class AppliedLater:
         self._results = results
         self._waits = waits
 
+    def known(self) -> list[ApplyResult]:
+        """The results as known when the calls were written (whether each batch applies, and
+        its event id gap), before their replies."""
+        return self._results
+
     async def results(self) -> list[ApplyResult]:
         for wait in self._waits:
             await wait

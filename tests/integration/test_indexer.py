@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from base.connect import connect_redis
 from base.topology import ensure_topology
+from router import indexer as indexer_module
 from router.indexer import Indexer, IndexerConfig, IndexerMetrics
 from router.kv import snapshot as snapshots
 from router.kv.index import InMemoryPrefixIndex
@@ -124,13 +125,13 @@ async def test_a_consumer_the_server_stops_delivering_to_is_replaced(nc, subject
     await wait_for(lambda: run.indexer.applied >= last, timeout=20)
     js = nc.jetstream()
     stream = subjects.stream_name("KV")
-    (consumer,) = [c.name for c in await js.consumers_info(stream)]
     until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
-    await js._jsm.pause_consumer(stream, consumer, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    for c in await js.consumers_info(stream):  # its own (and one nats-py may have replaced)
+        await js._jsm.pause_consumer(stream, c.name, until.strftime("%Y-%m-%dT%H:%M:%SZ"))
     last = await publish_all(nc, subjects, later)
     await wait_for(lambda: run.indexer.applied >= last, timeout=20)
     assert await run.indexer.index.dump() == await reference([*first, *later])
-    assert _stalls(run.indexer, "undelivered") == 1
+    assert (_stalls(run.indexer, "undelivered") or 0) >= 1
     await run.halt()
 
 
@@ -155,7 +156,66 @@ async def test_a_step_that_never_returns_is_left_and_the_stream_applied(
     await wait_for(lambda: ix.applied >= last, timeout=20)
     assert hung.is_set()
     assert await ix.index.dump() == await reference(batches)
-    assert _stalls(ix, "step") == 1
+    assert (_stalls(ix, "step") or 0) >= 1
+    await run.halt()
+
+
+async def test_a_stalled_step_that_will_not_stop_ends_the_process_not_doubles_the_loop(
+    nc, subjects, rig, monkeypatch
+):
+    """A stalled step that swallows its cancel (as Python 3.11's wait_for can) would go on
+    writing beside a new consume: the indexer stops instead (its supervisor starts it again),
+    with the lock let go for a standby."""
+    monkeypatch.setattr(indexer_module, "_STOP_APPLY_S", 0.5)
+    run = Running(rig(stall_after_s=1.0))
+    ix = run.indexer
+
+    released = asyncio.Event()
+
+    async def never_stops(msgs):
+        while not released.is_set():  # every cancel swallowed, until the test is over
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(ix, "_prepare", never_stops)
+    await publish_all(nc, subjects, mocker_event_batches(requests=3, seed=24))
+    try:
+        with pytest.raises(indexer_module.ApplyStuckError):
+            await asyncio.wait_for(run.task, 20)
+        shards = await ix.index.ready()
+        assert await shards[0].redis.get(shards[0].keys.leader(0)) is None
+    finally:
+        released.set()
+
+
+async def test_a_gap_in_a_group_left_unread_by_a_stall_is_still_healed(
+    nc, subjects, rig, monkeypatch
+):
+    """The stalled step is the one reading the results of a group already written: the new
+    consume starts past it (its position landed), so its event id gap would go unhealed; the
+    heals the group asked for are carried over and done first."""
+    resync = await nc.subscribe(subjects.ctl("w9", "kv_resync"))
+    run = Running(rig(stall_after_s=1.0))
+    ix = run.indexer
+    from schemas.hashing import block_hashes
+
+    h = tuple(block_hashes(tuple(range(8)), 4))
+    await publish_all(nc, subjects, [kv_batch("w9", 1, BlockStored(h, None))])
+    await wait_for(lambda: ix.applied >= 1, timeout=10)
+    real, hung = ix._finish, asyncio.Event()
+
+    async def hangs_on_the_gap(prep, started):
+        if not hung.is_set() and any(b is not None and b.event_id == 5 for b in prep.batches):
+            hung.set()
+            await asyncio.Event().wait()
+        return await real(prep, started)
+
+    monkeypatch.setattr(ix, "_finish", hangs_on_the_gap)
+    last = await publish_all(nc, subjects, [kv_batch("w9", 5, BlockStored((77,), h[-1]))])
+    decode((await resync.next_msg(timeout=15)).data, ControlRequest)
+    assert hung.is_set() and ix.applied >= last
+    assert await ix.index.match("m", h) == {}
     await run.halt()
 
 
