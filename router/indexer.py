@@ -151,8 +151,8 @@ class _Prepared:
 
 
 def _heals_of(prep: _Prepared, started: AppliedLater) -> list[tuple[str, str, str]]:
-    """The heals a group asks for, read from what was known when it was written (the event
-    id gaps are found before the write)."""
+    """The heals a group asks for: its own, then each applied batch's event id gap, known when
+    the group was written (``_finish`` does them; a stalled consume carries them over)."""
     heals = list(prep.heals)
     for batch, res in zip(prep.batches, started.known(), strict=True):
         if batch is not None and res.applied and res.gap:
@@ -717,16 +717,14 @@ class Indexer:
     async def _finish(self, prep: _Prepared, started: AppliedLater) -> None:
         """Read a group's results (in group order): heal, count, move ``applied``."""
         results = await started.results()
-        for model, worker_id, reason in prep.heals:
-            await self._heal(model, worker_id, reason)
+        for heal in _heals_of(prep, started):
+            await self._heal(*heal)
         stored = removed = cleared = batches = 0
         for item, batch, res in zip(prep.items, prep.batches, results, strict=True):
             if batch is not None and res.applied:
                 batches += 1
                 s, r, c = count_blocks(batch)
                 stored, removed, cleared = stored + s, removed + r, cleared + c
-                if res.gap:
-                    await self._heal(batch.model, batch.worker_id, "event id gap")
             self.applied = max(self.applied, item[3])
         self.metrics.batches.inc(batches)
         for kind, n in (("stored", stored), ("removed", removed), ("cleared", cleared)):

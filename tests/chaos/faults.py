@@ -34,18 +34,17 @@ class Outcome:
 
     def examples(self, verdicts: tuple[str, ...] = ("lost", "duplicated"), n: int = 5) -> str:
         out = []
-        for v in verdicts:
-            for t in self.by.get(v, [])[:n]:
-                out.append(f"{v}: {t.kind} {t.request_id} seed={t.seed} end={t.end!r} "
-                           f"pieces={len(t.output)} interleaved={t.interleaved}")  # fmt: skip
-                out += [f"  {line}" for line in self.trails.get(t.request_id, [])]
+        for v, t in self.shown(verdicts, n):
+            out.append(f"{v}: {t.kind} {t.request_id} seed={t.seed} end={t.end!r} "
+                       f"pieces={len(t.output)} interleaved={t.interleaved}")  # fmt: skip
+            out += [f"  {line}" for line in self.trails.get(t.request_id, [])]
         return "\n".join(out)
 
-    def unsettled(
+    def shown(
         self, verdicts: tuple[str, ...] = ("lost", "duplicated"), n: int = 5
-    ) -> list[str]:
-        """The request ids ``examples`` shows."""
-        return [t.request_id for v in verdicts for t in self.by.get(v, [])[:n]]
+    ) -> list[tuple[str, Trace]]:
+        """The requests ``examples`` shows: the first ``n`` of each verdict."""
+        return [(v, t) for v in verdicts for t in self.by.get(v, [])[:n]]
 
 
 async def under_fault(

@@ -56,7 +56,7 @@ def _play(tmp: Path, name: str, fault: Fault, fleet_kw: dict[str, object], **kw:
         outcome = asyncio.run(under_fault(fleet, name, fault, **kw))  # type: ignore[arg-type]
         migrated = fleet.count_in_logs("request_migrating", ["frontend", "router"])
         restarts = dict(fleet.restarts)
-        outcome.trails = {rid: fleet.lines_about(rid) for rid in outcome.unsettled()}
+        outcome.trails = {t.request_id: fleet.lines_about(t.request_id) for _, t in outcome.shown()}
     outcome.notes["migrations"] = migrated
     outcome.notes["component_restarts"] = restarts
     _ROWS.append(outcome.row)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import io
 import re
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from base.task_trace import tasks_where
 
 
 class _Deadline:
@@ -33,10 +34,7 @@ class _Deadline:
 def task_stacks() -> str:
     """Where every task of the running loop is now: what a wait that ran out was waiting on
     (for a failure's message, when the code under test runs in the test's own loop)."""
-    out = io.StringIO()
-    for task in asyncio.all_tasks():
-        task.print_stack(limit=12, file=out)
-    return out.getvalue()
+    return tasks_where()  # each task's chain of awaits (print_stack shows only its outermost)
 
 
 async def wait_for(
